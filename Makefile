@@ -1,0 +1,32 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Both create .venv when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU build: accelerate would otherwise pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/specformer generate --model default --max-new-tokens 64 \
+	  --prompt "What is the capital of France?" \
+	  --prompt "Write one sentence about why the sky is blue." \
+	  --prompt "Give me three tips for writing clear Python code."
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,39 @@
+"""Pure-jnp reference for ragged attention of new query tokens against a per-row KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None):
+    """Attention of Q new tokens per row against a KV cache with per-row valid lengths.
+
+    q: [B, Q, H, D]; k, v: [B, Hkv, S, D] (H a multiple of Hkv); lengths: int32[B], the number of valid
+    cache entries per row *including* the Q new tokens, which sit at positions lengths[b] - Q + t.
+    causal=True: token t sees keys < lengths[b] - Q + t + 1. causal=False: it sees keys < lengths[b]
+    (bidirectional inside the appended block). Entries at or beyond lengths[b] are never read, NaN included.
+    Returns [B, Q, H, D] in q's dtype; softmax in float32.
+    """
+    B, Q, H, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    scale = D**-0.5 if scale is None else scale
+    q_pos = lengths[:, None] - Q + jnp.arange(Q)[None, :]  # [B, Q]
+    k_pos = jnp.arange(S)
+    valid = k_pos[None, :] < lengths[:, None]  # [B, S]
+    visible = jnp.broadcast_to(valid[:, None, :], (B, Q, S))
+    if causal:
+        visible = visible & (k_pos[None, None, :] <= q_pos[:, :, None])
+    if sliding_window is not None:
+        visible = visible & (k_pos[None, None, :] > q_pos[:, :, None] - sliding_window)
+    # Zero what may not be read, so NaN garbage cannot leak through 0 * NaN.
+    k = jnp.where(valid[:, None, :, None], k, 0)
+    v = jnp.where(valid[:, None, :, None], v, 0)
+    qg = q.reshape(B, Q, Hkv, G, D)
+    s = jnp.einsum("bqkgd,bksd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(visible[:, None, None, :, :], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    p = jnp.where(visible[:, None, None, :, :], p, 0.0)  # rows with no visible key give 0, not NaN
+    o = jnp.einsum("bkgqs,bksd->bqkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(B, Q, H, D).astype(q.dtype)

@@ -1,0 +1,59 @@
+"""Hugging Face tensor names -> the Target module's parameter tree (stacked layers, [in, out] kernels)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+from specformer_jax.config import TargetConfig
+from specformer_jax.errors import SpecformerError
+
+# (our path inside 'layers', HF name inside 'model.layers.N.', transpose?)
+_LAYER_MAP = [
+    (("attn", "q", "kernel"), "self_attn.q_proj.weight", True),
+    (("attn", "k", "kernel"), "self_attn.k_proj.weight", True),
+    (("attn", "v", "kernel"), "self_attn.v_proj.weight", True),
+    (("attn", "o", "kernel"), "self_attn.o_proj.weight", True),
+    (("input_norm", "scale"), "input_layernorm.weight", False),
+    (("post_norm", "scale"), "post_attention_layernorm.weight", False),
+    (("mlp", "gate", "kernel"), "mlp.gate_proj.weight", True),
+    (("mlp", "up", "kernel"), "mlp.up_proj.weight", True),
+    (("mlp", "down", "kernel"), "mlp.down_proj.weight", True),
+]
+_BIAS_MAP = [((p, "bias"), f"self_attn.{p}_proj.bias", False) for p in ("q", "k", "v")]
+_QK_NORM_MAP = [((f"{p}_norm", "scale"), f"self_attn.{p}_norm.weight", False) for p in ("q", "k")]
+
+
+def _set(tree: dict, path: tuple, value):
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig) -> dict:
+    """Build the parameter tree from a getter of HF-named tensors (numpy, HF [out, in] layout)."""
+    dtype = np.float32 if cfg.dtype == "float32" else ml_dtypes.bfloat16
+
+    def fetch(name, transpose=False):
+        try:
+            x = np.asarray(get(name))
+        except KeyError:
+            raise SpecformerError(f"checkpoint is missing tensor {name!r}") from None
+        return (x.T if transpose else x).astype(dtype)
+
+    layer_map = list(_LAYER_MAP)
+    if cfg.qkv_bias:
+        layer_map += [(("attn",) + p, n, t) for p, n, t in _BIAS_MAP]
+    if cfg.qk_norm:
+        layer_map += [(("attn",) + p, n, t) for p, n, t in _QK_NORM_MAP]
+    params: dict = {}
+    _set(params, ("embed", "embedding"), fetch("model.embed_tokens.weight"))
+    _set(params, ("final_norm", "scale"), fetch("model.norm.weight"))
+    if not cfg.tie_embeddings:
+        _set(params, ("lm_head", "kernel"), fetch("lm_head.weight", transpose=True))
+    for path, name, transpose in layer_map:
+        stacked = np.stack([fetch(f"model.layers.{i}.{name}", transpose) for i in range(cfg.num_layers)])
+        _set(params, ("layers",) + path, stacked)
+    return params

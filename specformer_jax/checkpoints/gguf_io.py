@@ -1,0 +1,114 @@
+"""Load a GGUF file (llama, qwen2, qwen3 architectures): metadata -> config, dequantized tensors -> parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specformer_jax.checkpoints.convert import params_from_hf
+from specformer_jax.config import RopeConfig, TargetConfig
+from specformer_jax.errors import SpecformerError
+
+_ARCH_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's per-head row interleaving of q/k (its RoPE layout) to get the HF rotate-half layout."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError, struct/numpy errors or OSError for a damaged file
+        raise SpecformerError(f"cannot read GGUF file {path}: {e}") from None
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def load_gguf(path: Path, dtype: str | None = None):
+    """(config, params, eos_ids, tokenizer) from a GGUF file."""
+    import gguf.quants
+
+    reader = _reader(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCH_TO_MODEL_TYPE:
+        raise SpecformerError(f"unsupported GGUF architecture {arch!r} (supported: {', '.join(_ARCH_TO_MODEL_TYPE)})")
+    names = {t.name for t in reader.tensors}
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    cfg = TargetConfig(
+        vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope=RopeConfig(theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0))),
+        max_position=int(_field(reader, f"{arch}.context_length", 4096)),
+        tie_embeddings="output.weight" not in names,
+        qkv_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        model_type=_ARCH_TO_MODEL_TYPE[arch],
+        dtype=dtype or "float32",
+    )
+    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise SpecformerError("GGUF files with RoPE scaling are not supported yet")
+    tensors = {}
+    for t in reader.tensors:
+        hf = _hf_name(t.name)
+        if hf is None:
+            continue
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            w = _unpermute(w, heads if "attn_q" in t.name else kv_heads)
+        tensors[hf] = w
+    params = params_from_hf(tensors.__getitem__, cfg)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return cfg, params, (() if eos is None else (int(eos),)), _tokenizer(path)
+
+
+def _tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # transformers raises many types for unsupported tokenizer metadata
+        raise SpecformerError(f"cannot build a tokenizer from {path}: {e}") from None

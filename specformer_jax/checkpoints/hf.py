@@ -1,0 +1,71 @@
+"""Load a Hugging Face checkpoint directory: config.json, *.safetensors (single or sharded), tokenizer files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specformer_jax.checkpoints.convert import params_from_hf
+from specformer_jax.checkpoints.safetensors_io import read_safetensors
+from specformer_jax.config import TargetConfig, target_config_from_hf
+from specformer_jax.errors import SpecformerError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecformerError(f"{path} is not valid JSON: {e}") from None
+
+
+def load_hf_config(directory: Path, dtype: str | None = None) -> TargetConfig:
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SpecformerError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
+    return target_config_from_hf(_read_json(config_path), dtype)
+
+
+def load_hf_tensors(directory: Path) -> dict:
+    """All tensors by HF name, memory-mapped."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        missing = [f for f in files if not (directory / f).is_file()]
+        if missing:
+            raise SpecformerError(f"{index} names shard files that do not exist: {', '.join(missing)}")
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        raise SpecformerError(f"{directory} has no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
+    tensors: dict = {}
+    for f in files:
+        tensors.update(read_safetensors(directory / f))
+    return tensors
+
+
+def load_hf(directory: Path, dtype: str | None = None):
+    """(config, params, eos_ids, tokenizer-or-None) from a checkpoint directory."""
+    cfg = load_hf_config(directory, dtype)
+    tensors = load_hf_tensors(directory)
+    params = params_from_hf(tensors.__getitem__, cfg)
+    eos = _eos_ids(directory)
+    tokenizer = None
+    if any((directory / f).is_file() for f in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        if not eos and tokenizer.eos_token_id is not None:
+            eos = (tokenizer.eos_token_id,)
+    return cfg, params, eos, tokenizer
+
+
+def _eos_ids(directory: Path) -> tuple[int, ...]:
+    for name in ("generation_config.json", "config.json"):
+        path = directory / name
+        if path.is_file():
+            eos = _read_json(path).get("eos_token_id")
+            if eos is not None:
+                return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()

@@ -1,0 +1,63 @@
+"""`load_target(path)`: one entry point for HF directories, GGUF files and the embedded default model."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specformer_jax.checkpoints.default import default_model_path
+from specformer_jax.checkpoints.gguf_io import load_gguf
+from specformer_jax.checkpoints.hf import load_hf
+from specformer_jax.config import TargetConfig
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.target import Target
+
+
+@dataclasses.dataclass
+class LoadedTarget:
+    """A target model ready to run: config, parameters on the device, tokenizer (None if the checkpoint has none)."""
+
+    cfg: TargetConfig
+    params: Any  # the Target module's 'params' tree
+    tokenizer: Any | None
+    eos_ids: tuple[int, ...]
+    source: str
+
+    def module(self, hooks=()) -> Target:
+        return Target(self.cfg, tuple(hooks))
+
+
+def load_target(path: str | Path = "default", dtype: str | None = None) -> LoadedTarget:
+    """Load a target: "default" (SmolLM2-135M-Instruct GGUF), a HF checkpoint directory, or a .gguf file.
+
+    dtype: "float32" or "bfloat16"; default: the checkpoint's dtype for HF directories, float32 for GGUF.
+    """
+    if str(path) == "default":
+        path = default_model_path()
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise SpecformerError(f"model path {path} does not exist")
+    if path.is_dir():
+        cfg, params, eos, tok = load_hf(path, dtype)
+    elif path.suffix == ".gguf":
+        cfg, params, eos, tok = load_gguf(path, dtype)
+    else:
+        raise SpecformerError(f"{path} is neither a checkpoint directory nor a .gguf file")
+    _check_shapes(cfg, params, path)
+    return LoadedTarget(cfg, jax.tree.map(jnp.asarray, params), tok, eos, str(path))
+
+
+def _check_shapes(cfg: TargetConfig, params, path) -> None:
+    """Compare loaded tensors with the shapes the config implies, so a mismatch is one clear line, not a trace."""
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
+    expected = jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+    got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    for name, shape in want.items():
+        if got.get(name) != shape:
+            raise SpecformerError(f"{path}: parameter {name} has shape {got.get(name)}, config implies {shape}")

@@ -1,0 +1,42 @@
+"""Memory-mapped safetensors reading into numpy (bfloat16 via ml_dtypes), with clear errors for corrupt files."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from specformer_jax.errors import SpecformerError
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of one file as (read-only, memory-mapped) numpy arrays."""
+    size = path.stat().st_size
+    try:
+        buf = np.memmap(path, dtype=np.uint8, mode="r")
+        (n,) = struct.unpack("<Q", bytes(buf[:8]))
+        if n > size - 8:
+            raise ValueError("header length runs past the end of the file")
+        header = json.loads(bytes(buf[8 : 8 + n]))
+        data = buf[8 + n :]
+        out = {}
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            lo, hi = meta["data_offsets"]
+            dtype = np.dtype(_DTYPES[meta["dtype"]])
+            shape = tuple(meta["shape"])
+            if hi > data.size or hi - lo != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+                raise ValueError(f"tensor {name!r} does not fit its byte range")
+            out[name] = data[lo:hi].view(dtype).reshape(shape)
+        return out
+    except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as e:
+        raise SpecformerError(f"corrupt safetensors file {path}: {e}") from None

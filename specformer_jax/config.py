@@ -1,0 +1,149 @@
+"""Frozen configuration dataclasses and their construction from Hugging Face configs and GGUF metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from specformer_jax.errors import SpecformerError
+
+# model_type -> which architectural switches it implies.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # default | llama3 | linear
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def inv_freq(self, head_dim: int) -> np.ndarray:
+        """Per-pair rotation frequencies (float64 numpy, static), with the configured scaling applied."""
+        inv = 1.0 / (self.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+        if self.kind == "linear":
+            return inv / self.factor
+        if self.kind == "llama3":
+            low_wavelen = self.original_max_position / self.low_freq_factor
+            high_wavelen = self.original_max_position / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = (self.original_max_position / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            return np.where(medium, smoothed, scaled)
+        return inv
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetConfig:
+    """Shape and switches of a Llama-family decoder. Covers Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope: RopeConfig = RopeConfig()
+    max_position: int = 4096
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    sliding_window: int | None = None  # Mistral v0.1
+    model_type: str = "llama"
+    dtype: str = "float32"  # parameter and activation dtype: float32 | bfloat16
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise SpecformerError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise SpecformerError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+    def hook_index(self, i: int) -> int:
+        """Normalise a hidden-state hook index (HF convention: 0 = embeddings, L = final-normed output)."""
+        n = self.num_layers + 1
+        if not -n <= i < n:
+            raise SpecformerError(f"hidden-state hook {i} is out of range for a {self.num_layers}-layer model")
+        return i % n
+
+
+def _get(cfg: Mapping[str, Any], *keys, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _rope_from_hf(cfg: Mapping[str, Any]) -> RopeConfig:
+    # transformers 5 nests everything under rope_parameters; 4.x uses rope_theta + rope_scaling.
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = dict(cfg.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = float(_get(merged, "rope_theta", default=_get(cfg, "rope_theta", default=10000.0)))
+    kind = merged.get("rope_type") or merged.get("type") or "default"
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    if kind == "linear":
+        return RopeConfig(theta=theta, kind="linear", factor=float(merged["factor"]))
+    if kind == "llama3":
+        return RopeConfig(
+            theta=theta,
+            kind="llama3",
+            factor=float(merged["factor"]),
+            low_freq_factor=float(merged["low_freq_factor"]),
+            high_freq_factor=float(merged["high_freq_factor"]),
+            original_max_position=int(merged["original_max_position_embeddings"]),
+        )
+    raise SpecformerError(f"unsupported RoPE scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def target_config_from_hf(cfg: Mapping[str, Any], dtype: str | None = None) -> TargetConfig:
+    """Build a TargetConfig from a parsed Hugging Face config.json."""
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise SpecformerError(
+            f"unsupported model_type {model_type!r} in config.json (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        sliding = None
+        if model_type == "mistral":
+            sliding = cfg.get("sliding_window")
+        elif cfg.get("use_sliding_window"):
+            raise SpecformerError(f"{model_type} with use_sliding_window=true is not supported")
+        if dtype is None:
+            dtype = "bfloat16" if str(_get(cfg, "dtype", "torch_dtype", default="float32")) == "bfloat16" else "float32"
+        return TargetConfig(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from_hf(cfg),
+            max_position=int(cfg.get("max_position_embeddings", 4096)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            sliding_window=int(sliding) if sliding else None,
+            model_type=model_type,
+            dtype=dtype,
+        )
+    except KeyError as e:
+        raise SpecformerError(f"config.json is missing required key {e.args[0]!r}") from None

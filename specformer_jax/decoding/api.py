@@ -1,0 +1,164 @@
+"""Notebook-friendly decoding API: `generate(model, prompts, ...)` -> texts, token ids and stats. The CLI uses it too."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.decoding.autoregressive import ar_generate
+from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.errors import SpecformerError
+
+Prompt = str | Sequence[int]  # text (tokenized, chat template unless chat=False) or token ids used as they are
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    texts: list[str | None]  # None when the model has no tokenizer
+    token_ids: list[list[int]]  # generated ids per prompt, EOS included when it was produced
+    stats: dict[str, Any]
+
+    def to_json(self) -> dict:
+        return {
+            "results": [{"text": t, "token_ids": ids} for t, ids in zip(self.texts, self.token_ids)],
+            "stats": self.stats,
+        }
+
+
+def encode_prompts(model: LoadedTarget, prompts: Sequence[Prompt], chat: bool = True) -> list[list[int]]:
+    """Token ids for each prompt; text goes through the chat template unless chat=False."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if model.tokenizer is None:
+                raise SpecformerError(f"{model.source} has no tokenizer: give prompts as token ids (input_ids)")
+            tok = model.tokenizer
+            if chat and tok.chat_template:
+                p = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(p, add_special_tokens=not chat)
+        else:
+            ids = [int(t) for t in p]
+            bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
+            if bad:
+                raise SpecformerError(f"prompt {i}: token id {bad[0]} is outside the vocabulary (size {model.cfg.vocab_size})")
+        if not ids:
+            raise SpecformerError(f"prompt {i} is empty")
+        out.append(ids)
+    return out
+
+
+def _bucket(n: int, quantum: int = 32) -> int:
+    return -(-n // quantum) * quantum
+
+
+class _Compiled:
+    """Ahead-of-time compiled decode functions keyed by shapes and static options, so compile time is measured apart."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def get(self, key, fn, *args):
+        if key in self._cache:
+            return self._cache[key], 0.0
+        t = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        self._cache[key] = compiled
+        return compiled, time.perf_counter() - t
+
+
+_COMPILED = _Compiled()
+
+
+def generate(
+    model: LoadedTarget,
+    prompts: Sequence[Prompt],
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 8,
+    chat: bool = True,
+    max_cache_len: int | None = None,
+    progress: bool = False,
+) -> GenerationResult:
+    """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device."""
+    if not prompts:
+        raise SpecformerError("no prompts given")
+    if max_new_tokens < 1:
+        raise SpecformerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise SpecformerError(f"batch_size must be >= 1, got {batch_size}")
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    limit = max_cache_len or model.cfg.max_position
+    ids = encode_prompts(model, prompts, chat)
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > limit:
+            raise SpecformerError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(p) + max_new_tokens} cache positions but the cache holds {limit}"
+            )
+    root = jax.random.key(seed)
+    row_keys_all = jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(len(ids)))
+    B = min(batch_size, len(ids))
+    tokens_out: list[list[int]] = []
+    compile_s = run_s = 0.0
+    steps = 0
+    for start in range(0, len(ids), B):
+        chunk = ids[start : start + B]
+        n = len(chunk)
+        Tp = _bucket(max(len(p) for p in chunk))
+        prompt_arr = np.zeros((B, Tp), np.int32)
+        lens = np.ones((B,), np.int32)
+        budget = np.zeros((B,), np.int32)
+        for r, p in enumerate(chunk):
+            prompt_arr[r, : len(p)] = p
+            lens[r] = len(p)
+            budget[r] = max_new_tokens
+        keys = row_keys_all[start : start + n]
+        if n < B:  # pad the last chunk with inactive rows so it reuses the compiled function
+            keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
+        fn = jax.tree_util.Partial(
+            _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
+        )
+        args = (model.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget), keys)
+        compiled, c = _COMPILED.get((model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, id(model)), fn, *args)
+        compile_s += c
+        t = time.perf_counter()
+        out, num_out, st = jax.block_until_ready(compiled(*args))
+        run_s += time.perf_counter() - t
+        out, num_out = np.asarray(out), np.asarray(num_out)
+        tokens_out += [out[r, : num_out[r]].tolist() for r in range(n)]
+        steps += int(st)
+        if progress:
+            print(f"specformer: {len(tokens_out)}/{len(ids)} prompts done", file=sys.stderr)
+    num_generated = sum(len(t) for t in tokens_out)
+    texts = [
+        model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None for t in tokens_out
+    ]
+    stats = {
+        "num_prompts": len(ids),
+        "num_generated": num_generated,
+        "tokens_per_second": num_generated / run_s if run_s else 0.0,
+        "run_seconds": run_s,
+        "compile_seconds": compile_s,
+        "decode_steps": steps,
+        "batch_size": B,
+        "device": jax.devices()[0].device_kind,
+        "dtype": model.cfg.dtype,
+    }
+    return GenerationResult(texts, tokens_out, stats)
+
+
+def _ar_entry(params, prompts, lens, budget, keys, *, cfg, sampling, eos_ids, max_new_tokens):
+    return ar_generate(
+        params, prompts, lens, budget, keys, cfg=cfg, sampling=sampling, eos_ids=eos_ids, max_new_tokens=max_new_tokens
+    )

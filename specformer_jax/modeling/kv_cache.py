@@ -1,0 +1,34 @@
+"""Explicit KV cache pytree with per-row lengths (no shared write cursor, so rows can advance raggedly)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class KVCache:
+    k: jax.Array  # [L, B, Hkv, S, D]
+    v: jax.Array  # [L, B, Hkv, S, D]
+    lengths: jax.Array  # int32[B]: valid entries per row; everything at or past it is garbage, never read
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @classmethod
+    def zeros(cls, num_layers, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32) -> "KVCache":
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+
+def write_layer(cache_l: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Write new [B, T, Hkv, D] into one layer's cache [B, Hkv, S, D] at per-row offsets start[B].
+
+    Positions past the end of the cache are dropped (padding of a ragged prefill may run past it).
+    """
+    B, T = new.shape[:2]
+    pos = start[:, None] + jnp.arange(T)[None, :]  # [B, T]
+    b = jnp.arange(B)[:, None]
+    return cache_l.at[b, :, pos, :].set(new.astype(cache_l.dtype), mode="drop")
