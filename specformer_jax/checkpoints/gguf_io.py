@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from specformer_jax.checkpoints.convert import params_from_hf
+from specformer_jax.checkpoints.default import cache_dir
 from specformer_jax.config import RopeConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
 
@@ -106,9 +110,25 @@ def load_gguf(path: Path, dtype: str | None = None):
 
 
 def _tokenizer(path: Path):
+    """Tokenizer from GGUF metadata via transformers (slow: ~10 s), cached on disk as a converted tokenizer.json."""
     from transformers import AutoTokenizer
 
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "tokenizers" / key
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached))
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many types for unsupported tokenizer metadata
         raise SpecformerError(f"cannot build a tokenizer from {path}: {e}") from None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
+        tok.save_pretrained(tmp)
+        try:
+            os.replace(tmp, cached)  # atomic; a concurrent writer that won the race is fine too
+        except OSError:
+            pass
+        else:
+            os.makedirs(tmp)  # let TemporaryDirectory clean up the now-empty name
+    return tok

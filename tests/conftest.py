@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random-weight HF checkpoints (built offline with transformers, saved with save_pretrained)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.3,  # large weights spread the logits apart: no near-ties to flip a greedy argmax
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def tiny_configs():
+    """name -> (transformers config class name, kwargs): one per supported family, each exercising its switch."""
+    return {
+        "llama3": ("LlamaConfig", dict(COMMON, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+        "mistral": ("MistralConfig", dict(COMMON, sliding_window=8, num_key_value_heads=1)),
+        "qwen2": ("Qwen2Config", dict(COMMON, tie_word_embeddings=True)),
+        "qwen3": ("Qwen3Config", dict(COMMON, head_dim=32, tie_word_embeddings=True)),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """name -> directory of a saved random-weight checkpoint (float32)."""
+    import torch
+    import transformers
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    out = {}
+    for name, (cls_name, kwargs) in tiny_configs().items():
+        torch.manual_seed(0)
+        cfg = getattr(transformers, cls_name)(**kwargs)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.save_pretrained(root / name)
+        out[name] = root / name
+    return out
