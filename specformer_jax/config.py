@@ -147,3 +147,24 @@ def target_config_from_hf(cfg: Mapping[str, Any], dtype: str | None = None) -> T
         )
     except KeyError as e:
         raise SpecformerError(f"config.json is missing required key {e.args[0]!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    """SpecFormer head on a frozen target. Sizes (heads, widths) follow the target, as in the paper's code."""
+
+    num_slots: int = 4  # K: draft tokens per position; slot i at position t predicts token t + 2 + i
+    hooks: tuple[int, ...] | None = None  # target hidden states to fuse; None = (0, L/2, L-1, L) (HF indexing)
+    slot_attention: str = "bidirectional"  # the paper's design; "causal" (+ RoPE over slots) is the released code's
+    intermediate_size: int | None = None  # SwiGLU width; None = the target's
+
+    def __post_init__(self):
+        if self.num_slots < 1:
+            raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.slot_attention not in ("bidirectional", "causal"):
+            raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
+
+    def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
+        L = target.num_layers
+        hooks = self.hooks if self.hooks is not None else (0, L // 2, L - 1, L)
+        return tuple(target.hook_index(i) for i in hooks)

@@ -1,0 +1,124 @@
+"""The SpecFormer drafter: a small head that drafts K future tokens per position in one parallel pass.
+
+hooked target states -> RMSNorm each -> concat -> Dense(n*d -> d, no bias)
+  -> + causal attention over the context (RoPE at true positions, own KV cache: a "layer L+1")
+  -> RMSNorm -> Dense(d -> K*d, bias) -> K slots (no residual)
+  -> + attention among the K slots (bidirectional, no RoPE; or causal with RoPE over slot index)
+  -> keep the first k <= K slots -> + SwiGLU -> the target's final norm and LM head (frozen, shared).
+Slot i at position t predicts token t + 2 + i: the target itself already predicts t + 1 from position t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from pallas_kernels import ragged_attention_reference
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.layers import RMSNorm, SwiGLU, rope
+from specformer_jax.modeling.target import Attention, Target
+
+
+def drafter_cache(target: TargetConfig, batch: int, max_len: int) -> KVCache:
+    """The drafter's own one-layer KV cache; its lengths move in lockstep with the target's."""
+    return KVCache.zeros(1, batch, max_len, target.num_kv_heads, target.head_dim, target.dtype)
+
+
+class SlotAttention(nn.Module):
+    """Self-attention among the K slots of every position: x [..., K, d] -> [..., K, d]. A plain einsum: K is 4..8."""
+
+    target: TargetConfig
+    causal: bool
+
+    @nn.compact
+    def __call__(self, x):
+        t = self.target
+        *lead, K, d = x.shape
+        x = x.reshape(-1, K, d)
+        N = x.shape[0]
+        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=t.dtype, param_dtype=t.dtype, name=name)
+        q = dense(t.num_heads * t.head_dim, "q")(x).reshape(N, K, t.num_heads, t.head_dim)
+        k = dense(t.num_kv_heads * t.head_dim, "k")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
+        v = dense(t.num_kv_heads * t.head_dim, "v")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
+        if self.causal:  # the released code's variant: RoPE over slot positions 0..K-1
+            pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (N, K))
+            inv_freq = t.rope.inv_freq(t.head_dim)
+            q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
+        full = jnp.full((N,), K, jnp.int32)
+        o = ragged_attention_reference(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), full, causal=self.causal)
+        return dense(d, "o")(o.reshape(N, K, -1)).reshape(*lead, K, d)
+
+
+class Drafter(nn.Module):
+    target: TargetConfig
+    cfg: DrafterConfig
+
+    def setup(self):
+        t, c = self.target, self.cfg
+        norm = lambda: RMSNorm(t.rms_norm_eps, t.dtype)
+        dense = lambda n, bias: nn.Dense(n, use_bias=bias, dtype=t.dtype, param_dtype=t.dtype)
+        self.hooks = c.resolved_hooks(t)
+        self.hook_norms = [norm() for _ in self.hooks]
+        self.fuse = dense(t.hidden_size, False)
+        self.context_norm = norm()
+        # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code).
+        self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None))
+        self.expand_norm = norm()
+        self.expand = dense(c.num_slots * t.hidden_size, True)  # the bias acts as a learned per-slot embedding
+        self.slot_norm = norm()
+        self.slot_attn = SlotAttention(t, causal=c.slot_attention == "causal")
+        self.ffn_norm = norm()
+        self.ffn = SwiGLU(t.hidden_size, c.intermediate_size or t.intermediate_size, t.dtype)
+
+    def __call__(
+        self,
+        hidden: Mapping[int, jax.Array],  # hook index -> [B, T, d] target states for the T new tokens
+        cache: KVCache,  # the drafter's one-layer cache
+        num_new: jax.Array | None = None,  # int32[B]: real new tokens per row; default T
+        slots_at: jax.Array | None = None,  # int32[B, P]: positions to draft from; default all T
+        num_slots: int | None = None,  # k <= K slots to keep (inference may use fewer than trained)
+    ):
+        """Returns (slot states [B, P, k, d] before the target's final norm + LM head, updated cache)."""
+        h, cache = self.context(hidden, cache, num_new)
+        if slots_at is not None:
+            h = jnp.take_along_axis(h, slots_at[:, :, None], axis=1)
+        return self.slots(h, num_slots), cache
+
+    def context(self, hidden, cache: KVCache, num_new=None):
+        """Fuse the hooked states and run the causal context layer: [B, T, d], appending to the cache."""
+        missing = [i for i in self.hooks if i not in hidden]
+        if missing:
+            raise ValueError(f"drafter needs target hidden states {missing}")
+        x = jnp.concatenate([n(hidden[i]) for i, n in zip(self.hooks, self.hook_norms)], axis=-1)
+        x = self.fuse(x)
+        B, T, _ = x.shape
+        start = cache.lengths
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        a, k, v = self.context_attn(self.context_norm(x), positions, cache.k[0], cache.v[0], start, start + T)
+        added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+        return x + a, KVCache(k[None], v[None], cache.lengths + added)
+
+    def slots(self, h, num_slots=None):
+        """Expand each position into K slots and run the slot encoder layer: [..., d] -> [..., k, d]."""
+        t, K = self.target, self.cfg.num_slots
+        m = self.expand(self.expand_norm(h)).reshape(*h.shape[:-1], K, t.hidden_size)
+        m = m + self.slot_attn(self.slot_norm(m))  # all K slots attend, so truncating afterwards stays consistent
+        m = m[..., : num_slots or K, :]
+        return m + self.ffn(self.ffn_norm(m))
+
+
+def draft_logits(target_cfg: TargetConfig, target_params, slot_states: jax.Array) -> jax.Array:
+    """The target's final norm + LM head on drafter slot states (float32 logits)."""
+    return Target(target_cfg).apply({"params": target_params}, slot_states, method=Target.head)
+
+
+def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array):
+    """Fresh drafter parameters (shapes only depend on the configs)."""
+    hooks = cfg.resolved_hooks(target_cfg)
+    hidden = {i: jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype) for i in hooks}
+    return Drafter(target_cfg, cfg).init(rng, hidden, drafter_cache(target_cfg, 1, 2))["params"]

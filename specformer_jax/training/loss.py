@@ -1,0 +1,98 @@
+"""Drafter objective: per-slot cross-entropy against the target's own tokens, chunked so that the K x vocab logits of
+a whole batch never exist at once (the LM head + CE of one chunk at a time, recomputed in the backward pass)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.drafter import Drafter, drafter_cache
+from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.target import Target
+
+
+def slot_targets(tokens: jax.Array, label_mask: jax.Array, num_slots: int):
+    """labels[b, t, i] = tokens[b, t + 2 + i] and weight = label_mask there (0 past the end). [B, T, K] each."""
+    B, T = tokens.shape
+    idx = jnp.arange(T)[:, None] + 2 + jnp.arange(num_slots)[None, :]  # [T, K]
+    inside = idx < T
+    idx = jnp.minimum(idx, T - 1)
+    labels = tokens[:, idx]
+    weights = jnp.where(inside[None], label_mask[:, idx], 0).astype(jnp.float32)
+    return labels, weights
+
+
+def target_hidden(target_cfg: TargetConfig, target_params, tokens, hooks):
+    """Frozen target forward over whole sequences, returning only the hooked states (no vocab logits)."""
+    B, T = tokens.shape
+    cache = KVCache.zeros(target_cfg.num_layers, B, T, target_cfg.num_kv_heads, target_cfg.head_dim, target_cfg.dtype)
+    _, _, hidden = Target(target_cfg, hooks).apply(
+        {"params": target_params}, tokens, cache, logits_at=jnp.zeros((B, 1), jnp.int32)
+    )
+    return jax.lax.stop_gradient(hidden)
+
+
+def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T):
+    return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T))[0]
+
+
+def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256):
+    """Sums over slots of weighted CE, correct top-1 and the leading-accepted count, per slot.
+
+    states [B, T, K, d], labels/weights [B, T, K]. Returns dict of float32 arrays: ce_sum [K], correct [K], count [K],
+    and accepted_sum / positions (leading correct slots per position, positions whose first slot is supervised).
+    """
+    B, T, K, d = states.shape
+    N = B * T
+    pad = -N % chunk_positions
+    flat = lambda x, fill: jnp.pad(x.reshape(N, *x.shape[2:]), [(0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+    chunks = N // chunk_positions + (pad > 0)
+    xs = (flat(states, 0).reshape(chunks, chunk_positions, K, d), flat(labels, 0).reshape(chunks, chunk_positions, K),
+          flat(weights, 0).reshape(chunks, chunk_positions, K))
+
+    @jax.checkpoint
+    def one(carry, x):
+        m, lab, w = x
+        logits = Target(target_cfg).apply({"params": target_params}, m, method=Target.head)  # [C, K, V] float32
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        ce = lse - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        hit = (jnp.argmax(logits, axis=-1) == lab) & (w > 0)
+        supervised = w > 0
+        # accepted = leading run of correct slots, counted where the whole window is supervised
+        lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
+        full = jnp.all(supervised, axis=-1)
+        out = {
+            "ce_sum": jnp.sum(w * ce, axis=0),
+            "correct": jnp.sum(hit, axis=0).astype(jnp.float32),
+            "count": jnp.sum(w, axis=0),
+            "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
+            "positions": jnp.sum(full).astype(jnp.float32),
+        }
+        return jax.tree.map(jnp.add, carry, out), None
+
+    zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
+            "positions": jnp.zeros(())}
+    return jax.lax.scan(one, zero, xs)[0]
+
+
+def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
+                 drafter_cfg: DrafterConfig, chunk_positions: int = 256):
+    """Mean over slots (1/K each) of the token-mean CE of that slot. Returns (loss, sums for metrics)."""
+    B, T = tokens.shape
+    hidden = target_hidden(target_cfg, target_params, tokens, drafter_cfg.resolved_hooks(target_cfg))
+    states = slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T)
+    labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)
+    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions)
+    per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
+    return jnp.mean(per_slot), sums
+
+
+def metrics_from_sums(sums) -> dict:
+    """Per-slot loss and top-1 accuracy, and the teacher-forced expected accepted length (bonus token included)."""
+    count = jnp.maximum(sums["count"], 1.0)
+    return {
+        "loss_per_slot": sums["ce_sum"] / count,
+        "accuracy_per_slot": sums["correct"] / count,
+        "expected_accepted_length": 1.0 + sums["accepted_sum"] / jnp.maximum(sums["positions"], 1.0),
+    }

@@ -1,0 +1,111 @@
+"""SpecFormer drafter module: shapes, slot/position alignment, cached vs full context layer, slot attention modes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter
+from specformer_jax.training.loss import slot_targets
+
+TARGET = TargetConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                      head_dim=8)
+
+
+def hidden_states(cfg: DrafterConfig, B, T, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 8)
+    return {i: jax.random.normal(keys[n], (B, T, TARGET.hidden_size)) for n, i in enumerate(cfg.resolved_hooks(TARGET))}
+
+
+def run(cfg, params, hidden, cache, **kw):
+    return Drafter(TARGET, cfg).apply({"params": params}, hidden, cache, **kw)
+
+
+def test_default_hooks_and_shapes():
+    cfg = DrafterConfig(num_slots=5)
+    assert cfg.resolved_hooks(TARGET) == (0, 2, 3, 4)
+    params = init_drafter(TARGET, cfg, jax.random.key(0))
+    assert params["fuse"]["kernel"].shape == (4 * 32, 32)
+    assert params["expand"]["kernel"].shape == (32, 5 * 32) and params["expand"]["bias"].shape == (5 * 32,)
+    states, cache = run(cfg, params, hidden_states(cfg, 2, 7), drafter_cache(TARGET, 2, 16))
+    assert states.shape == (2, 7, 5, 32)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [7, 7])
+    states, _ = run(cfg, params, hidden_states(cfg, 2, 7), drafter_cache(TARGET, 2, 16),
+                    slots_at=jnp.asarray([[6], [2]]), num_slots=3)
+    assert states.shape == (2, 1, 3, 32)
+
+
+def test_slot_i_at_position_t_targets_token_t_plus_2_plus_i():
+    tokens = jnp.arange(100, 110)[None, :]  # token value = 100 + position
+    mask = jnp.ones_like(tokens).at[0, :4].set(0)  # prompt = first 4 tokens: not supervised
+    labels, weights = slot_targets(tokens, mask, 3)
+    for t in range(10):
+        for i in range(3):
+            if t + 2 + i < 10:
+                assert int(labels[0, t, i]) == 100 + t + 2 + i
+                assert float(weights[0, t, i]) == float(t + 2 + i >= 4)
+            else:
+                assert float(weights[0, t, i]) == 0.0
+
+
+@pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
+def test_cached_context_layer_equals_full_sequence_pass(slot_attention):
+    """A ragged prefill then one token at a time through the drafter's cache gives the full-pass slot states."""
+    cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
+    params = init_drafter(TARGET, cfg, jax.random.key(1))
+    B, T = 3, 9
+    hidden = hidden_states(cfg, B, T, seed=2)
+    full, _ = run(cfg, params, hidden, drafter_cache(TARGET, B, T))
+    prefix = jnp.asarray([4, 1, 6])
+    cache = drafter_cache(TARGET, B, 16)
+    first = {i: h[:, :6] for i, h in hidden.items()}  # right-padded to 6; each row keeps only its prefix
+    states, cache = run(cfg, params, first, cache, num_new=prefix)
+    got = [[states[b, t] for t in range(int(prefix[b]))] for b in range(B)]
+    for step in range(T):
+        pos = jnp.minimum(prefix + step, T - 1)
+        live = (prefix + step < T).astype(jnp.int32)
+        one = {i: jnp.take_along_axis(h, pos[:, None, None], axis=1) for i, h in hidden.items()}
+        states, cache = run(cfg, params, one, cache, num_new=live)
+        for b in range(B):
+            if live[b]:
+                got[b].append(states[b, 0])
+    for b in range(B):
+        np.testing.assert_allclose(np.stack(got[b]), np.asarray(full[b]), atol=1e-5, rtol=1e-5)
+
+
+def perturb_last_slot(params, K, d):
+    bias = params["expand"]["bias"].at[(K - 1) * d :].add(3.0)
+    return {**params, "expand": {**params["expand"], "bias": bias}}
+
+
+@pytest.mark.parametrize("slot_attention,earlier_slots_change", [("bidirectional", True), ("causal", False)])
+def test_slot_attention_direction(slot_attention, earlier_slots_change):
+    cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
+    params = init_drafter(TARGET, cfg, jax.random.key(3))
+    hidden = hidden_states(cfg, 2, 5)
+    base, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5))
+    moved, _ = run(cfg, perturb_last_slot(params, 4, 32), hidden, drafter_cache(TARGET, 2, 5))
+    changed = not np.allclose(np.asarray(base[:, :, :3]), np.asarray(moved[:, :, :3]), atol=1e-6)
+    assert changed == earlier_slots_change
+
+
+@pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
+def test_fewer_slots_at_inference_are_a_prefix_of_all_slots(slot_attention):
+    cfg = DrafterConfig(num_slots=6, slot_attention=slot_attention)
+    params = init_drafter(TARGET, cfg, jax.random.key(4))
+    hidden = hidden_states(cfg, 2, 5)
+    full, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5))
+    few, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5), num_slots=2)
+    np.testing.assert_allclose(np.asarray(few), np.asarray(full[:, :, :2]), atol=1e-6)
+
+
+def test_bad_drafter_config_is_a_clear_error():
+    from specformer_jax.errors import SpecformerError
+
+    with pytest.raises(SpecformerError, match="slot_attention"):
+        DrafterConfig(slot_attention="sideways")
+    with pytest.raises(SpecformerError, match="out of range"):
+        DrafterConfig(hooks=(0, 9)).resolved_hooks(TARGET)
