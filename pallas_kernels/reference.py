@@ -27,8 +27,7 @@ def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=
         visible = visible & (k_pos[None, None, :] <= q_pos[:, :, None])
     if sliding_window is not None:
         visible = visible & (k_pos[None, None, :] > q_pos[:, :, None] - sliding_window)
-    # Zero what may not be read, so NaN garbage cannot leak through 0 * NaN.
-    k = jnp.where(valid[:, None, :, None], k, 0)
+    # Garbage keys are removed by the score mask; garbage values must be zeroed, or NaN would leak through 0 * NaN.
     v = jnp.where(valid[:, None, :, None], v, 0)
     qg = q.reshape(B, Q, Hkv, G, D)
     s = jnp.einsum("bqkgd,bksd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale

@@ -135,10 +135,112 @@ def _run_generate(args) -> int:
     return 0
 
 
+def _add_distill(sub):
+    p = sub.add_parser(
+        "distill",
+        help="write the target's greedy answers to prompts as drafter training data",
+        description="Self-distillation: greedy-decode training prompts with the target and write them as resumable "
+        "JSONL shards. Rerun the same command to resume an interrupted run.",
+    )
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--prompts", type=Path, metavar="F.jsonl", help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line'
+    )
+    source.add_argument("--builtin-prompts", type=_positive_int, metavar="N", help="N prompts from the built-in set")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (shards and manifest.json)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    p.add_argument("--batch-size", type=_positive_int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of --builtin-prompts")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
+    p.set_defaults(func=_run_distill)
+
+
+def _run_distill(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.distill import distill
+    from specformer_jax.training.prompts import builtin_prompts
+
+    # Read the prompts before loading the model, so a bad prompts file fails at once.
+    prompts = read_prompts_file(args.prompts) if args.prompts else builtin_prompts(args.builtin_prompts, args.seed)
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    model = load_target(args.model)
+    s = distill(
+        model, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, chat=not args.no_chat
+    )
+    print(
+        f"specformer: {s['num_prompts']} prompts distilled into {s['out_dir']} ({s['shards_written']} new shard(s), "
+        f"{s['shards_skipped']} already done; {s['num_generated']} tokens at {s['tokens_per_second']:.1f} tokens/s, "
+        f"{s['seconds']:.1f} s in all)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _add_train(sub):
+    p = sub.add_parser("train", help="train a SpecFormer drafter", description="Train a drafter on distilled data.")
+    p.add_argument("--config", type=Path, help="YAML of TrainConfig settings (see configs/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under `out`")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args) -> int:
+    from specformer_jax.training.train_config import load_train_config
+    from specformer_jax.training.trainer import train
+
+    cfg = load_train_config(args.config, args.set)
+    result = train(cfg, resume=args.resume)
+    ev = result["eval"]
+    summary = f"; eval expected accepted length {ev['expected_accepted_length']:.3f}" if ev else ""
+    print(f"specformer: trained to step {result['step']}{summary}; drafter in {Path(cfg.out) / 'drafter'}",
+          file=sys.stderr)
+    return 0
+
+
+def _add_eval_drafter(sub):
+    p = sub.add_parser("eval-drafter", help="teacher-forced drafter accuracy on distilled data",
+                       description="Per-slot top-1 accuracy and expected accepted length on held-out distilled data.")
+    p.add_argument("--model", default="default")
+    p.add_argument("--drafter", required=True, help="a drafter directory (drafter.json + params.safetensors)")
+    p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
+    p.add_argument("--all", action="store_true",
+                   help="score every record (default: only those held out by the drafter's training split)")
+    p.add_argument("--seq-len", type=_positive_int, default=512)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.set_defaults(func=_run_eval_drafter)
+
+
+def _run_eval_drafter(args) -> int:
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.data import is_eval_record
+    from specformer_jax.training.distill import read_distilled
+    from specformer_jax.training.evaluate import evaluate_drafter
+
+    target = load_target(args.model)
+    drafter = load_drafter(args.drafter, target)
+    records = read_distilled(args.data)
+    if not args.all:
+        fraction = drafter.meta.get("train_config", {}).get("eval_fraction")
+        if fraction is None:
+            raise SpecformerError("the drafter records no training split: pass --all to score every record")
+        records = [r for r in records if is_eval_record(r["index"], fraction)]
+    if not records:
+        raise SpecformerError(f"no records to score in {args.data}")
+    result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size, progress=True)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specformer", description="SpecFormer speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
+    _add_distill(sub)
+    _add_train(sub)
+    _add_eval_drafter(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -40,3 +41,24 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         return out
     except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as e:
         raise SpecformerError(f"corrupt safetensors file {path}: {e}") from None
+
+
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write tensors atomically (temp file + rename), so a crash never leaves a half-written file in place."""
+    header, offset, blobs = {}, 0, []
+    for name, x in tensors.items():
+        x = np.ascontiguousarray(x)
+        header[name] = {"dtype": _NAMES[x.dtype], "shape": list(x.shape), "data_offsets": [offset, offset + x.nbytes]}
+        offset += x.nbytes
+        blobs.append(x)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for x in blobs:
+            f.write(x.tobytes())
+    os.replace(tmp, path)

@@ -99,9 +99,9 @@ class Drafter(nn.Module):
         B, T, _ = x.shape
         start = cache.lengths
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        a, k, v = self.context_attn(self.context_norm(x), positions, cache.k[0], cache.v[0], start, start + T)
+        a, k, v = self.context_attn(self.context_norm(x), positions, cache.k, cache.v, 0, start, start + T)
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-        return x + a, KVCache(k[None], v[None], cache.lengths + added)
+        return x + a, KVCache(k, v, cache.lengths + added)
 
     def slots(self, h, num_slots=None):
         """Expand each position into K slots and run the slot encoder layer: [..., d] -> [..., k, d]."""

@@ -23,12 +23,13 @@ class KVCache:
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
 
-def write_layer(cache_l: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """Write new [B, T, Hkv, D] into one layer's cache [B, Hkv, S, D] at per-row offsets start[B].
+def write_tokens(cache: jax.Array, layer, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Scatter new [B, T, Hkv, D] into the stacked cache [L, B, Hkv, S, D] at (layer, per-row offsets start[B]).
 
-    Positions past the end of the cache are dropped (padding of a ragged prefill may run past it).
+    Only the new rows are written (in place inside loops). Positions past the end are dropped: the padding of a
+    ragged prefill may run past the cache.
     """
     B, T = new.shape[:2]
     pos = start[:, None] + jnp.arange(T)[None, :]  # [B, T]
     b = jnp.arange(B)[:, None]
-    return cache_l.at[b, :, pos, :].set(new.astype(cache_l.dtype), mode="drop")
+    return cache.at[layer, b, :, pos, :].set(new.astype(cache.dtype), mode="drop")

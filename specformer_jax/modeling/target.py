@@ -13,7 +13,7 @@ from flax import linen as nn
 
 from pallas_kernels import ragged_attention
 from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache, write_layer
+from specformer_jax.modeling.kv_cache import KVCache, write_tokens
 from specformer_jax.modeling.layers import RMSNorm, SwiGLU, rope
 
 
@@ -27,7 +27,8 @@ class Attention(nn.Module):
     cfg: TargetConfig
 
     @nn.compact
-    def __call__(self, x, positions, k_cache, v_cache, start, kv_len):
+    def __call__(self, x, positions, k_all, v_all, layer, start, kv_len):
+        """Appends this layer's keys/values to the stacked caches [L, B, Hkv, S, D] at `layer`; returns them too."""
         cfg = self.cfg
         B, T, _ = x.shape
         q = _dense(cfg.num_heads * cfg.head_dim, cfg, "q", cfg.qkv_bias)(x).reshape(B, T, cfg.num_heads, cfg.head_dim)
@@ -38,10 +39,10 @@ class Attention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="k_norm")(k)
         inv_freq = cfg.rope.inv_freq(cfg.head_dim)
         q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
-        k_cache = write_layer(k_cache, k, start)
-        v_cache = write_layer(v_cache, v, start)
-        o = ragged_attention(q, k_cache, v_cache, kv_len, causal=True, sliding_window=cfg.sliding_window)
-        return _dense(cfg.hidden_size, cfg, "o")(o.reshape(B, T, -1)), k_cache, v_cache
+        k_all = write_tokens(k_all, layer, k, start)
+        v_all = write_tokens(v_all, layer, v, start)
+        o = ragged_attention(q, k_all[layer], v_all[layer], kv_len, causal=True, sliding_window=cfg.sliding_window)
+        return _dense(cfg.hidden_size, cfg, "o")(o.reshape(B, T, -1)), k_all, v_all
 
 
 class DecoderLayer(nn.Module):
@@ -53,15 +54,13 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         h, k_all, v_all, hooked = carry
         layer = xs
-        attn_out, k_l, v_l = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all[layer], v_all[layer], start, kv_len
+        attn_out, k_all, v_all = Attention(cfg, name="attn")(
+            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len
         )
         h = h + attn_out
         h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, name="mlp")(
             RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_norm")(h)
         )
-        k_all = k_all.at[layer].set(k_l)
-        v_all = v_all.at[layer].set(v_l)
         hooked = tuple(jnp.where(layer + 1 == idx, h, prev) for idx, prev in zip(self.hooks, hooked))
         return (h, k_all, v_all, hooked), None
 

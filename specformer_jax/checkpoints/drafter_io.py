@@ -1,0 +1,78 @@
+"""Save and load a trained drafter: a directory with drafter.json (config + target fingerprint) and params.safetensors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import traverse_util
+
+from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import init_drafter
+
+FINGERPRINT_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+def target_fingerprint(cfg: TargetConfig) -> dict:
+    return {k: getattr(cfg, k) for k in FINGERPRINT_FIELDS}
+
+
+@dataclasses.dataclass
+class LoadedDrafter:
+    cfg: DrafterConfig
+    params: dict
+    meta: dict  # drafter.json contents (training recipe, target source, eval numbers when recorded)
+
+
+def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetConfig, *, dtype="bfloat16", meta=None):
+    """Write the drafter directory; bfloat16 by default to keep the file small."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+    write_safetensors(path / "params.safetensors", {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
+    doc = {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target), **(meta or {})}
+    tmp = path / "drafter.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path / "drafter.json")
+
+
+def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
+    """Load a drafter directory for `target`; a drafter made for a different target is a clear error."""
+    path = Path(path).expanduser()
+    meta_path = path / "drafter.json"
+    if not meta_path.is_file():
+        raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        raw = dict(meta["drafter"])
+        raw["hooks"] = tuple(raw["hooks"]) if raw.get("hooks") is not None else None
+        cfg = DrafterConfig(**raw)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecformerError(f"{meta_path} is malformed: {e}") from None
+    want = target_fingerprint(target.cfg)
+    got = meta.get("target", {})
+    diff = [f"{k}: drafter {got.get(k)!r} vs target {want[k]!r}" for k in FINGERPRINT_FIELDS if got.get(k) != want[k]]
+    if diff:
+        raise SpecformerError(f"drafter {path} was made for a different target ({'; '.join(diff)})")
+    tensors = read_safetensors(path / "params.safetensors") if (path / "params.safetensors").is_file() else None
+    if tensors is None:
+        raise SpecformerError(f"{path} has no params.safetensors")
+    expected = traverse_util.flatten_dict(
+        jax.eval_shape(lambda: init_drafter(target.cfg, cfg, jax.random.key(0))), sep="/"
+    )
+    params = {}
+    for name, spec in expected.items():
+        if name not in tensors or tensors[name].shape != spec.shape:
+            raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
+        params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
+    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta)

@@ -1,0 +1,37 @@
+"""Teacher-forced drafter evaluation on distilled data: per-slot top-1 accuracy and expected accepted length.
+
+Expected accepted length = 1 + the mean, over answer positions whose K look-ahead tokens are all answer tokens, of the
+number of leading slots whose argmax equals the target's own next tokens. With greedy self-distilled data this is
+what greedy speculative decoding would accept per round (bonus token included), if rounds started at every position.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.training.data import eval_batches
+from specformer_jax.training.loss import drafter_loss, metrics_from_sums
+
+
+def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list[dict], *, seq_len: int = 512,
+                     batch_size: int = 8, progress: bool = False) -> dict:
+    batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
+    step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
+                                                        drafter_cfg=drafter.cfg)[1])
+    total = None
+    for b in tqdm(batches, desc="eval", disable=not progress):
+        sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
+        total = sums if total is None else jax.tree.map(lambda a, c: a + c, total, sums)
+    m = metrics_from_sums(total)
+    return {
+        "num_sequences": len(records),
+        "num_slots": drafter.cfg.num_slots,
+        "loss_per_slot": np.asarray(m["loss_per_slot"]).round(4).tolist(),
+        "accuracy_per_slot": np.asarray(m["accuracy_per_slot"]).round(4).tolist(),
+        "expected_accepted_length": round(float(m["expected_accepted_length"]), 4),
+        "scored_positions": int(total["positions"]),
+    }

@@ -1,0 +1,94 @@
+"""TrainConfig: one frozen dataclass for a drafter training run, loaded from YAML with `--set key=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import yaml
+
+from specformer_jax.config import DrafterConfig
+from specformer_jax.errors import SpecformerError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: str = "default"  # target: default | HF dir | .gguf
+    data: str = ""  # directory written by `specformer distill`
+    out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/
+    eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
+    # drafter
+    num_slots: int = 4
+    hooks: tuple[int, ...] | None = None
+    slot_attention: str = "bidirectional"
+    # data
+    seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
+    batch_size: int = 8  # sequences per step (global, across all hosts)
+    # optimisation (defaults: the paper's released recipe: AdamW, eps 1e-2, 5% warm-up, cosine to 1e-5)
+    steps: int = 1000
+    lr: float = 5e-4
+    min_lr: float = 1e-5
+    warmup_frac: float = 0.05
+    adam_eps: float = 1e-2
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    # bookkeeping
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 8
+    save_every: int = 200
+    keep_checkpoints: int = 3
+    chunk_positions: int = 256  # positions per LM-head chunk in the loss (memory vs speed)
+
+    def drafter(self) -> DrafterConfig:
+        return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention)
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise SpecformerError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.eval_fraction < 1:
+            raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        self.drafter()  # validates num_slots / slot_attention
+
+
+def _coerce(name: str, value, hint):
+    base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType) else hint
+    if value is None:
+        return None
+    if base is tuple or typing.get_origin(base) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SpecformerError(f"{name} must be a list, got {value!r}")
+        return tuple(int(v) for v in value)
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise SpecformerError(f"{name} must be {base.__name__}, got {value!r}")
+    return value
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """YAML file (a flat mapping of TrainConfig fields) plus `key=value` overrides (values parsed as YAML)."""
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise SpecformerError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise SpecformerError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise SpecformerError(f"{path} must hold a mapping of settings")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecformerError(f"--set expects key=value, got {item!r}")
+        raw[key.strip()] = yaml.safe_load(value)
+    hints = typing.get_type_hints(TrainConfig)
+    unknown = sorted(set(raw) - set(hints))
+    if unknown:
+        raise SpecformerError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join(hints)}")
+    return TrainConfig(**{k: _coerce(k, v, hints[k]) for k, v in raw.items()})

@@ -1,0 +1,179 @@
+"""Drafter training loop: jitted mesh-sharded step, optax AdamW + warm-up/cosine, orbax checkpoints that also hold the
+data iterator position (so a resumed run sees exactly the batches an uninterrupted run would), metrics JSONL."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import struct
+from tqdm import tqdm
+
+from specformer_jax.checkpoints.drafter_io import save_drafter
+from specformer_jax.checkpoints.loader import LoadedTarget, load_target
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.parallel import batch_sharded, data_mesh, replicated
+from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
+from specformer_jax.training.loss import drafter_loss, metrics_from_sums
+from specformer_jax.training.train_config import TrainConfig
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: dict
+    opt_state: optax.OptState
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    warmup = max(1, int(cfg.warmup_frac * cfg.steps))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1), cfg.min_lr)
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(schedule, b1=0.9, b2=0.999, eps=cfg.adam_eps, weight_decay=cfg.weight_decay),
+    )
+
+
+def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
+    """(train_step, eval_step), jitted with explicit shardings: batch over 'data', parameters replicated."""
+    loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
+                                    chunk_positions=cfg.chunk_positions)
+
+    def train_step(state: TrainState, target_params, batch):
+        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, target_params, batch["tokens"], batch["label_mask"]
+        )
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **metrics_from_sums(sums)}
+        return TrainState(state.step + 1, params, opt_state), out
+
+    def eval_step(params, target_params, batch):
+        return loss_fn(params, target_params, batch["tokens"], batch["label_mask"])[1]
+
+    rep, data = replicated(mesh), batch_sharded(mesh)
+    train = jax.jit(train_step, in_shardings=(rep, rep, data), out_shardings=(rep, rep), donate_argnums=0)
+    evaluate = jax.jit(eval_step, in_shardings=(rep, rep, data), out_shardings=rep)
+    return train, evaluate
+
+
+def _summaries(sums_list) -> dict:
+    total = jax.tree.map(lambda *x: sum(x), *sums_list)
+    m = metrics_from_sums(total)
+    return {"loss": float(jnp.mean(m["loss_per_slot"])), **{k: np.asarray(v).tolist() for k, v in m.items()}}
+
+
+def _jsonable(metrics: dict) -> dict:
+    return {k: (np.asarray(v).tolist()) for k, v in metrics.items()}
+
+
+def load_records(data_dir: str) -> list[dict]:
+    from specformer_jax.training.distill import read_distilled
+
+    if not data_dir:
+        raise SpecformerError("no training data: set `data` to a directory written by `specformer distill`")
+    return read_distilled(Path(data_dir))
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    """Run (or resume) a training run; returns the final eval metrics. Everything goes under cfg.out."""
+    out = Path(cfg.out).absolute()
+    ckpt_dir = out / "checkpoints"
+    if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) and not resume:
+        raise SpecformerError(f"{out} already has checkpoints: pass --resume to continue, or choose another out")
+    if resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
+        raise SpecformerError(f"--resume: no checkpoint under {ckpt_dir}")
+    records = load_records(cfg.data)
+    train_recs = [r for r in records if not is_eval_record(r["index"], cfg.eval_fraction)]
+    eval_recs = [r for r in records if is_eval_record(r["index"], cfg.eval_fraction)]
+    if len(train_recs) < cfg.batch_size:
+        raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
+    target = load_target(cfg.model)
+    mesh = data_mesh()
+    tx = make_optimizer(cfg)
+    train_step, eval_step = make_steps(target, cfg, tx, mesh)
+    data_iter = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
+                                      seed=cfg.seed, process_index=jax.process_index(),
+                                      process_count=jax.process_count()))
+    evals = eval_batches(eval_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, num_batches=cfg.eval_batches)
+    params = init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
+    state = jax.device_put(TrainState(jnp.int32(0), params, tx.init(params)), replicated(mesh))
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints,
+                                                                                   create=True))
+    if resume:
+        step = manager.latest_step()
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
+            data=ocp.args.JsonRestore()))
+        state = restored["state"]
+        data_iter.set_state(restored["data"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+    log = open(out / "metrics.jsonl", "a")
+    is_main = jax.process_index() == 0
+
+    def save(step: int, state, data_state):
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   data=ocp.args.JsonSave(data_state)))
+        manager.wait_until_finished()
+
+    def write(record: dict):
+        if is_main:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+    def run_eval(step: int) -> dict:
+        if not evals:
+            return {}
+        m = _summaries([eval_step(state.params, target.params, jax.device_put(b, batch_sharded(mesh))) for b in evals])
+        write({"split": "eval", "step": step, **m})
+        return m
+
+    step = int(state.step)
+    data_state = data_iter.get_state()  # data position matching `state`: saved together, always
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", file=sys.stderr, disable=not (progress and is_main))
+    last_eval: dict = {}
+    try:
+        t0, tokens = time.perf_counter(), 0
+        while step < cfg.steps:
+            batch = next(data_iter)
+            state, metrics = train_step(state, target.params, jax.device_put(batch, batch_sharded(mesh)))
+            step, data_state = step + 1, data_iter.get_state()
+            tokens += int(batch["label_mask"].sum())
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                metrics = _jsonable(metrics)
+                dt = time.perf_counter() - t0
+                write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt, **metrics})
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['accuracy_per_slot'][0]:.2f}")
+                t0, tokens = time.perf_counter(), 0
+            if step % cfg.eval_every == 0:
+                last_eval = run_eval(step)
+            if step % cfg.save_every == 0:
+                save(step, state, data_state)
+            bar.update(1)
+    except KeyboardInterrupt:
+        alive = not any(x.is_deleted() for x in jax.tree.leaves(state))  # donated if stopped inside a step
+        if alive and manager.latest_step() != step:
+            save(step, state, data_state)
+        where = step if alive else manager.latest_step()
+        raise SpecformerError(f"interrupted; checkpoint at step {where} kept, continue with --resume") from None
+    finally:
+        bar.close()
+    if manager.latest_step() != step:
+        save(step, state, data_state)
+    if cfg.steps % cfg.eval_every:
+        last_eval = run_eval(step)
+    log.close()
+    if is_main:
+        save_drafter(out / "drafter", cfg.drafter(), state.params, target.cfg,
+                     meta={"target_source": target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
+    return {"step": step, "eval": last_eval, "state": state}

@@ -1,0 +1,130 @@
+"""Drafter training: the loss goes down, interrupted or crashed runs resume to the same parameters, configs and the
+exported drafter are validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.api import generate
+from specformer_jax.errors import SpecformerError
+from specformer_jax.training import trainer
+from specformer_jax.training.train_config import TrainConfig, load_train_config
+
+
+@pytest.fixture(scope="module")
+def records(tiny_checkpoints):
+    """Self-distilled records from the tiny Llama: random prompts, the target's own greedy answers."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 128, size=rng.integers(4, 12)).tolist() for _ in range(40)]
+    model = load_target(tiny_checkpoints["llama3"])
+    answers = generate(model, prompts, max_new_tokens=24, batch_size=20).token_ids
+    return [{"index": i, "input_ids": p + a, "prompt_len": len(p)} for i, (p, a) in enumerate(zip(prompts, answers))]
+
+
+def config(tiny_checkpoints, tmp_path, **kw):
+    base = dict(model=str(tiny_checkpoints["llama3"]), data="unused", out=str(tmp_path), seq_len=40, batch_size=8,
+                num_slots=3, steps=6, lr=3e-3, adam_eps=1e-8, log_every=1, eval_every=3, eval_batches=1, save_every=2,
+                eval_fraction=0.1, chunk_positions=64)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture
+def use_records(monkeypatch, records):
+    monkeypatch.setattr(trainer, "load_records", lambda _: records)
+
+
+def metrics(out, split="train"):
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m["split"] == split]
+
+
+def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records):
+    trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40), progress=False)
+    losses = [m["loss"] for m in metrics(tmp_path)]
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:3])
+    ev = metrics(tmp_path, "eval")[-1]
+    assert len(ev["accuracy_per_slot"]) == 3 and ev["expected_accepted_length"] >= 1.0
+    assert (tmp_path / "drafter" / "params.safetensors").is_file()
+
+
+class _FailingIterator:
+    """Wraps the grain iterator and raises on the n-th batch: a stand-in for Ctrl-C or a crash mid-run."""
+
+    def __init__(self, inner, fail_at: int, exc):
+        self.inner, self.fail_at, self.exc, self.calls = inner, fail_at, exc, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.exc
+        return next(self.inner)
+
+    def get_state(self):
+        return self.inner.get_state()
+
+    def set_state(self, s):
+        self.inner.set_state(s)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("node lost")])
+def test_interrupted_run_resumes_to_identical_parameters(tiny_checkpoints, tmp_path, use_records, monkeypatch, exc):
+    full = trainer.train(config(tiny_checkpoints, tmp_path / "full"), progress=False)["state"].params
+    real = trainer.training_batches
+    monkeypatch.setattr(trainer, "training_batches", lambda *a, **k: _FailingIterator(iter(real(*a, **k)), 6, exc))
+    cfg = config(tiny_checkpoints, tmp_path / "cut")
+    with pytest.raises((SpecformerError, RuntimeError)):
+        trainer.train(cfg, progress=False)  # dies fetching batch 6; a checkpoint at step 5 (Ctrl-C) or 4 (crash)
+    monkeypatch.setattr(trainer, "training_batches", real)
+    with pytest.raises(SpecformerError, match="--resume"):
+        trainer.train(cfg, progress=False)  # refuses to overwrite
+    resumed = trainer.train(cfg, resume=True, progress=False)["state"].params
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_train_config_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1, 2\n")
+    with pytest.raises(SpecformerError, match="not valid YAML"):
+        load_train_config(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("steps: 10\nlr: 1\n")
+    assert load_train_config(good, ["batch_size=4"]) == TrainConfig(steps=10, lr=1.0, batch_size=4)
+    with pytest.raises(SpecformerError, match="unknown setting"):
+        load_train_config(good, ["stepz=3"])
+    with pytest.raises(SpecformerError, match="steps must be int"):
+        load_train_config(good, ["steps=many"])
+    with pytest.raises(SpecformerError, match="does not exist"):
+        load_train_config(tmp_path / "nope.yaml")
+
+
+def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.modeling.drafter import init_drafter
+
+    target = load_target(tiny_checkpoints["llama3"])
+    cfg = DrafterConfig(num_slots=3)
+    params = init_drafter(target.cfg, cfg, jax.random.key(0))
+    save_drafter(tmp_path / "d32", cfg, params, target.cfg, dtype="float32")
+    loaded = load_drafter(tmp_path / "d32", target)
+    assert loaded.cfg == cfg
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    save_drafter(tmp_path / "d16", cfg, params, target.cfg)
+    assert (tmp_path / "d16" / "params.safetensors").stat().st_size < 0.6 * (tmp_path / "d32" / "params.safetensors").stat().st_size
+    other = load_target(tiny_checkpoints["qwen3"])
+    with pytest.raises(SpecformerError, match="different target"):
+        load_drafter(tmp_path / "d32", other)
+    with pytest.raises(SpecformerError, match="not a drafter directory"):
+        load_drafter(tmp_path, target)
