@@ -50,3 +50,22 @@ def tiny_checkpoints(tmp_path_factory):
         model.save_pretrained(root / name)
         out[name] = root / name
     return out
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """Run the CLI on argv that must fail: returns its one error line (non-zero exit, no traceback)."""
+    from specformer_jax.cli import main
+
+    def run(argv):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse exits for bad option values
+            rc = e.code
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert rc != 0 and "Traceback" not in err
+        assert len(errors) == 1, err
+        return errors[0]
+
+    return run

@@ -15,16 +15,6 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 
 
-def run_cli(capsys, argv):
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse exits for bad option values
-        rc = e.code
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert rc != 0 and "Traceback" not in err
-    assert len(errors) == 1, err
-    return errors[0]
 
 
 def copy_checkpoint(src, dst):
@@ -32,76 +22,76 @@ def copy_checkpoint(src, dst):
     return dst
 
 
-def test_missing_path(capsys, tmp_path):
-    line = run_cli(capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"])
+def test_missing_path(cli_error, tmp_path):
+    line = cli_error(["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"])
     assert "does not exist" in line
 
 
-def test_directory_without_config(capsys, tmp_path):
-    line = run_cli(capsys, ["generate", "--model", str(tmp_path), "--prompt", "hi"])
+def test_directory_without_config(cli_error, tmp_path):
+    line = cli_error(["generate", "--model", str(tmp_path), "--prompt", "hi"])
     assert "no config.json" in line
 
 
-def test_unsupported_model_type(capsys, tmp_path, tiny_checkpoints):
+def test_unsupported_model_type(cli_error, tmp_path, tiny_checkpoints):
     d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "gpt2"
     (d / "config.json").write_text(json.dumps(cfg))
-    line = run_cli(capsys, ["generate", "--model", str(d), "--prompt", "hi"])
+    line = cli_error(["generate", "--model", str(d), "--prompt", "hi"])
     assert "unsupported model_type 'gpt2'" in line
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
-def test_corrupt_safetensors(capsys, tmp_path, tiny_checkpoints, damage):
+def test_corrupt_safetensors(cli_error, tmp_path, tiny_checkpoints, damage):
     d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
     f = d / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(b"\x00garbage" * 64 if damage == "garbage" else data[: len(data) // 2])
-    line = run_cli(capsys, ["generate", "--model", str(d), "--prompt", "hi"])
+    line = cli_error(["generate", "--model", str(d), "--prompt", "hi"])
     assert "corrupt safetensors" in line
 
 
-def test_config_that_does_not_match_weights(capsys, tmp_path, tiny_checkpoints):
+def test_config_that_does_not_match_weights(cli_error, tmp_path, tiny_checkpoints):
     d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (d / "config.json").write_text(json.dumps(cfg))
-    line = run_cli(capsys, ["generate", "--model", str(d), "--prompt", "hi"])
+    line = cli_error(["generate", "--model", str(d), "--prompt", "hi"])
     assert "config implies" in line
 
 
-def test_corrupt_gguf(capsys, tmp_path):
+def test_corrupt_gguf(cli_error, tmp_path):
     f = tmp_path / "broken.gguf"
     f.write_bytes(b"GGUF" + b"\xff" * 100)
-    line = run_cli(capsys, ["generate", "--model", str(f), "--prompt", "hi"])
+    line = cli_error(["generate", "--model", str(f), "--prompt", "hi"])
     assert "cannot read GGUF" in line
 
 
-def test_prompt_longer_than_cache(capsys, tmp_path, tiny_checkpoints):
+def test_prompt_longer_than_cache(cli_error, tmp_path, tiny_checkpoints):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"input_ids": list(range(3, 40))}) + "\n")
     argv = ["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts), "--max-cache-len", "32"]
-    line = run_cli(capsys, argv)
+    line = cli_error(argv)
     assert "prompt 0 has 37 tokens" in line and "cache holds 32" in line
 
 
-def test_text_prompt_without_tokenizer(capsys, tiny_checkpoints):
-    line = run_cli(capsys, ["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompt", "hello"])
+def test_text_prompt_without_tokenizer(cli_error, tiny_checkpoints):
+    line = cli_error(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompt", "hello"])
     assert "has no tokenizer" in line
 
 
-def test_token_id_outside_vocabulary(capsys, tmp_path, tiny_checkpoints):
+def test_token_id_outside_vocabulary(cli_error, tmp_path, tiny_checkpoints):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"input_ids": [1, 5000]}) + "\n")
-    line = run_cli(capsys, ["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts)])
+    line = cli_error(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts)])
     assert "outside the vocabulary" in line
 
 
 @pytest.mark.parametrize("content", ['{"prompt": 3}\n', "not json\n", ""])
-def test_bad_prompts_file(capsys, tmp_path, content):
+def test_bad_prompts_file(cli_error, tmp_path, content):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(content)
-    line = run_cli(capsys, ["generate", "--prompts-file", str(prompts)])
+    line = cli_error(["generate", "--prompts-file", str(prompts)])
     assert str(prompts) in line
 
 
@@ -110,13 +100,13 @@ def test_bad_prompts_file(capsys, tmp_path, content):
     [["--temperature", "-1"], ["--temperature", "hot"], ["--top-p", "1.5"], ["--top-k", "-3"], ["--max-new-tokens", "0"],
      ["--batch-size", "x"], ["--dtype", "float16"], ["--bogus"]],
 )
-def test_bad_option_values(capsys, option):
-    line = run_cli(capsys, ["generate", "--prompt", "hi", *option])
+def test_bad_option_values(cli_error, option):
+    line = cli_error(["generate", "--prompt", "hi", *option])
     assert "specformer" in line
 
 
-def test_no_prompts(capsys):
-    assert "no prompts" in run_cli(capsys, ["generate"])
+def test_no_prompts(cli_error):
+    assert "no prompts" in cli_error(["generate"])
 
 
 def test_empty_batch_in_api(tiny_checkpoints):

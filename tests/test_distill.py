@@ -136,16 +136,6 @@ def test_cli_distill(tiny_checkpoints, tmp_path, capsys):
     assert [r["input_ids"][: r["prompt_len"]] for r in read_distilled(tmp_path / "out")] == PROMPTS
 
 
-def run_cli(capsys, argv):
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse exits for bad options
-        rc = e.code
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert rc != 0 and "Traceback" not in err
-    assert len(errors) == 1, err
-    return errors[0]
 
 
 @pytest.mark.parametrize(
@@ -159,6 +149,6 @@ def run_cli(capsys, argv):
         (["--builtin-prompts", "5", "--out", "{tmp}/out", "--model", "{ckpt}"], "has no tokenizer"),
     ],
 )
-def test_cli_bad_input(tiny_checkpoints, tmp_path, capsys, args, message):
+def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):
     argv = ["distill", *(a.format(tmp=tmp_path, ckpt=tiny_checkpoints["llama3"]) for a in args)]
-    assert message in run_cli(capsys, argv)
+    assert message in cli_error(argv)

@@ -19,6 +19,8 @@ from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 
+DEFAULT_DRAFTER = Path(__file__).resolve().parents[1] / "assets" / "drafter-smollm2-135m-instruct"
+
 FINGERPRINT_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
 
@@ -47,7 +49,14 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
-    """Load a drafter directory for `target`; a drafter made for a different target is a clear error."""
+    """Load a drafter directory for `target` ("default": the one shipped for the default model).
+
+    A drafter made for a different target is a clear error.
+    """
+    if str(path) == "default":
+        if not (DEFAULT_DRAFTER / "drafter.json").is_file():
+            raise SpecformerError("this installation ships no default drafter; pass a drafter directory")
+        path = DEFAULT_DRAFTER
     path = Path(path).expanduser()
     meta_path = path / "drafter.json"
     if not meta_path.is_file():

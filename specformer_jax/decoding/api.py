@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.decoding.autoregressive import ar_generate
+from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.errors import SpecformerError
 
@@ -89,8 +91,13 @@ def generate(
     chat: bool = True,
     max_cache_len: int | None = None,
     progress: bool = False,
+    drafter: LoadedDrafter | None = None,
+    draft_len: int | None = None,
 ) -> GenerationResult:
-    """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device."""
+    """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device.
+
+    With a drafter, greedy decoding is speculative (same tokens as without it); `draft_len` <= its trained slots.
+    """
     if not prompts:
         raise SpecformerError("no prompts given")
     if max_new_tokens < 1:
@@ -98,6 +105,7 @@ def generate(
     if batch_size < 1:
         raise SpecformerError(f"batch_size must be >= 1, got {batch_size}")
     sampling = SamplingConfig(temperature, top_k, top_p)
+    spec = _speculative_setup(model, drafter, draft_len, sampling)
     limit = max_cache_len or model.cfg.max_position
     ids = encode_prompts(model, prompts, chat)
     for i, p in enumerate(ids):
@@ -112,6 +120,7 @@ def generate(
     tokens_out: list[list[int]] = []
     compile_s = run_s = 0.0
     steps = 0
+    spec_rows: dict[str, list] = {}
     for start in range(0, len(ids), B):
         chunk = ids[start : start + B]
         n = len(chunk)
@@ -126,18 +135,28 @@ def generate(
         keys = row_keys_all[start : start + n]
         if n < B:  # pad the last chunk with inactive rows so it reuses the compiled function
             keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
-        fn = jax.tree_util.Partial(
-            _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
-        )
-        args = (model.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget), keys)
-        compiled, c = _COMPILED.get((model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, id(model)), fn, *args)
+        if spec is None:
+            fn = jax.tree_util.Partial(
+                _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
+            )
+            args = (model.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget), keys)
+        else:
+            fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
+                                       **spec)
+            args = (model.params, drafter.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget))
+        key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, id(model), spec and spec["num_slots"],
+               drafter and drafter.cfg)
+        compiled, c = _COMPILED.get(key, fn, *args)
         compile_s += c
         t = time.perf_counter()
-        out, num_out, st = jax.block_until_ready(compiled(*args))
+        result = jax.block_until_ready(compiled(*args))
         run_s += time.perf_counter() - t
-        out, num_out = np.asarray(out), np.asarray(num_out)
+        out, num_out = np.asarray(result["out"]), np.asarray(result["num_out"])
         tokens_out += [out[r, : num_out[r]].tolist() for r in range(n)]
-        steps += int(st)
+        steps += int(result["steps"])
+        for name in ("row_rounds", "row_emitted", "accepted"):
+            if name in result:
+                spec_rows.setdefault(name, []).extend(np.asarray(result[name])[:n])
         if progress:
             print(f"specformer: {len(tokens_out)}/{len(ids)} prompts done", file=sys.stderr)
     num_generated = sum(len(t) for t in tokens_out)
@@ -155,10 +174,50 @@ def generate(
         "device": jax.devices()[0].device_kind,
         "dtype": model.cfg.dtype,
     }
+    if spec_rows:
+        stats.update(speculative_stats(spec_rows))
     return GenerationResult(texts, tokens_out, stats)
 
 
+def speculative_stats(rows: dict[str, list]) -> dict:
+    """mean_accepted_length (tokens per target forward, bonus included), per-slot acceptance, rounds: total and per row."""
+    rounds = np.asarray(rows["row_rounds"], np.int64)
+    emitted = np.asarray(rows["row_emitted"], np.int64)
+    accepted = np.asarray(rows["accepted"], np.int64)
+    total = max(int(rounds.sum()), 1)
+    return {
+        "rounds": int(rounds.sum()),
+        "mean_accepted_length": float(emitted.sum() / total),
+        "acceptance_rate_per_slot": (accepted.sum(0) / total).tolist(),
+        "per_row": {
+            "rounds": rounds.tolist(),
+            "mean_accepted_length": (emitted / np.maximum(rounds, 1)).tolist(),
+        },
+    }
+
+
+def _speculative_setup(model: LoadedTarget, drafter, draft_len, sampling: SamplingConfig):
+    """Static options of the speculative loop, or None for plain AR decoding."""
+    if drafter is None or draft_len == 0:
+        return None
+    if not sampling.greedy:
+        raise SpecformerError("speculative sampling is not implemented yet: use temperature 0 or no drafter")
+    k = drafter.cfg.num_slots if draft_len is None else draft_len
+    if not 1 <= k <= drafter.cfg.num_slots:
+        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {k}")
+    hooks = drafter.cfg.resolved_hooks(model.cfg)
+    return {"hooks": hooks, "num_slots": k, "draft_fn": specformer_drafts(model.cfg, drafter.cfg, k)}
+
+
 def _ar_entry(params, prompts, lens, budget, keys, *, cfg, sampling, eos_ids, max_new_tokens):
-    return ar_generate(
+    out, num_out, steps = ar_generate(
         params, prompts, lens, budget, keys, cfg=cfg, sampling=sampling, eos_ids=eos_ids, max_new_tokens=max_new_tokens
     )
+    return {"out": out, "num_out": num_out, "steps": steps}
+
+
+def _spec_entry(params, dparams, prompts, lens, budget, *, cfg, eos_ids, max_new_tokens, hooks, num_slots, draft_fn):
+    s = spec_generate(params, dparams, prompts, lens, budget, cfg=cfg, hooks=hooks, draft_fn=draft_fn,
+                      num_slots=num_slots, eos_ids=eos_ids, max_new_tokens=max_new_tokens)
+    return {"out": s.out, "num_out": s.num_out, "steps": s.rounds, "row_rounds": s.row_rounds,
+            "row_emitted": s.row_emitted, "accepted": s.accepted}

@@ -1,0 +1,120 @@
+"""Greedy speculative decoding equals greedy AR decoding for every row of a ragged batch, whatever the drafts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.speculative import spec_generate
+from specformer_jax.modeling.drafter import init_drafter
+
+PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
+           [100, 101, 102, 103, 104], [60], [7, 7, 7, 8, 8, 8, 9, 9]]
+N = 20
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    return load_target(tiny_checkpoints["qwen2"])
+
+
+def ar(model, prompts, **kw):
+    return generate(model, prompts, max_new_tokens=N, **kw).token_ids
+
+
+def padded(prompts):
+    T = max(len(p) for p in prompts)
+    arr = np.zeros((len(prompts), 32), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, : len(p)] = p
+    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+def oracle_drafts(sequences, shift=0):
+    """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1)."""
+    seqs = jnp.asarray(sequences)
+
+    def draft(dparams, tparams, hidden, dcache, num_new, slots_at, k=4):
+        pos = dcache.lengths[:, None] + slots_at + 2 + jnp.arange(k)[None, :]  # slot i at t predicts t + 2 + i
+        tok = jnp.take_along_axis(seqs, jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
+        return (tok + shift) % 128, dcache.replace(lengths=dcache.lengths + num_new)
+
+    return draft
+
+
+def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
+    ref = generate(dataclasses.replace(model, eos_ids=eos_ids), prompts, max_new_tokens=max_new).token_ids
+    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(prompts, ref)]
+    tokens, lens = padded(prompts)
+    fn = jax.jit(lambda p, t, l, b: spec_generate(p, None, t, l, b, cfg=model.cfg, hooks=(), num_slots=k,
+                                                  draft_fn=lambda *a: oracle_drafts(full, shift)(*a, k=k),
+                                                  eos_ids=eos_ids, max_new_tokens=max_new))
+    s = fn(model.params, tokens, lens, jnp.full((len(prompts),), max_new, jnp.int32))
+    got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(len(prompts))]
+    return ref, got, s
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
+def test_specformer_drafter_is_lossless(model, rows, slot_attention):
+    cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
+    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(rows)), {})
+    prompts = PROMPTS[:rows]
+    for k in (4, 2):
+        res = generate(model, prompts, max_new_tokens=N, drafter=drafter, draft_len=k)
+        assert res.token_ids == ar(model, prompts)
+        st = res.stats
+        assert len(st["acceptance_rate_per_slot"]) == k and st["rounds"] >= 1
+        assert 1.0 <= st["mean_accepted_length"] <= k + 1
+
+
+def test_perfect_drafter_accepts_everything(model):
+    ref, got, s = run_oracle(model, PROMPTS, k=4, shift=0, eos_ids=())
+    assert got == ref
+    # every full round emits k + 1 tokens: N - 1 tokens after the prefill token in ceil((N - 1) / 5) rounds
+    np.testing.assert_array_equal(np.asarray(s.row_rounds), -(-(N - 1) // 5))
+    assert (np.asarray(s.accepted) == np.asarray(s.row_rounds)[:, None]).all()  # every slot, every round
+
+
+def test_useless_drafter_accepts_nothing(model):
+    ref, got, s = run_oracle(model, PROMPTS, k=4, shift=1, eos_ids=())
+    assert got == ref
+    assert int(np.asarray(s.accepted).sum()) == 0
+    np.testing.assert_array_equal(np.asarray(s.row_rounds), N - 1)  # one token per round, like AR
+
+
+def test_eos_inside_a_round_and_budget_hit_mid_round(model):
+    base = generate(model, PROMPTS, max_new_tokens=N).token_ids
+    row0 = base[0]
+    j = next(i for i in range(3, len(row0)) if row0[i] not in row0[:i])  # first new token after step 3: EOS
+    eos = (row0[j],)
+    for max_new in (N, 13):  # 13 - 1 = 12 is not a multiple of 5: the budget ends mid-round
+        ref, got, s = run_oracle(model, PROMPTS, k=4, shift=0, eos_ids=eos, max_new=max_new)
+        assert got == ref
+        assert got[0][-1] == eos[0] and len(got[0]) == j + 1
+        assert all(len(g) <= max_new for g in got)
+
+
+def test_drafts_never_add_tokens_after_eos(model):
+    """The oracle keeps proposing the continuation that follows EOS; none of it may be emitted."""
+    free = generate(model, PROMPTS, max_new_tokens=N).token_ids
+    eos = (free[2][4],)
+    ref, got, _ = run_oracle(model, PROMPTS, k=4, shift=0, eos_ids=())  # drafts continue past the EOS token
+    model_eos = dataclasses.replace(model, eos_ids=eos)
+    want = generate(model_eos, PROMPTS, max_new_tokens=N).token_ids
+    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(PROMPTS, free)]
+    tokens, lens = padded(PROMPTS)
+    s = spec_generate(model.params, None, tokens, lens, jnp.full((7,), N, jnp.int32), cfg=model.cfg, hooks=(),
+                      num_slots=4, draft_fn=lambda *a: oracle_drafts(full)(*a, k=4), eos_ids=eos, max_new_tokens=N)
+    got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(7)]
+    assert got == want
+    for g in got:
+        assert eos[0] not in g[:-1]
