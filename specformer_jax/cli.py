@@ -89,6 +89,10 @@ def _add_generate(sub):
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: checkpoint dtype (GGUF: float32)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
+    p.add_argument("--drafter", default=None,
+                   help="'default' (shipped for the default model), a drafter directory, or 'none' for plain decoding; "
+                        "default: the shipped drafter when --model is default, else none")
+    p.add_argument("--draft-len", type=_nonneg(int), default=None, help="drafts per round (<= trained slots; 0 = off)")
     p.set_defaults(func=_run_generate)
 
 
@@ -104,6 +108,7 @@ def _run_generate(args) -> int:
     t = time.perf_counter()
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model, dtype=args.dtype)
+    drafter = _choose_drafter(args, model)
     load_s = time.perf_counter() - t
     result = generate(
         model,
@@ -117,12 +122,16 @@ def _run_generate(args) -> int:
         chat=not args.no_chat,
         max_cache_len=args.max_cache_len,
         progress=True,
+        drafter=drafter,
+        draft_len=args.draft_len,
     )
     result.stats["load_seconds"] = load_s
     s = result.stats
+    spec = f", mean accepted length {s['mean_accepted_length']:.2f}" if "mean_accepted_length" in s else ""
     print(
         f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} tokens/s "
-        f"(batch {s['batch_size']}, {s['device']}, {s['dtype']}; compile {s['compile_seconds']:.1f} s, load {load_s:.1f} s)",
+        f"(batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; compile {s['compile_seconds']:.1f} s, "
+        f"load {load_s:.1f} s)",
         file=sys.stderr,
     )
     if args.json:
@@ -133,6 +142,20 @@ def _run_generate(args) -> int:
             shown = p if isinstance(p, str) else f"<{len(p)} token ids>"
             print(f">>> {shown}\n{text if text is not None else ids}\n")
     return 0
+
+
+def _choose_drafter(args, model):
+    """The drafter to decode with, or None for plain AR decoding."""
+    from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER, load_drafter
+
+    choice = args.drafter
+    if choice is None:  # implicit: the shipped drafter goes with the default model, and only with greedy decoding
+        if args.model != "default" or args.temperature > 0 or not (DEFAULT_DRAFTER / "drafter.json").is_file():
+            return None
+        choice = "default"
+    if choice == "none":
+        return None
+    return load_drafter(choice, model)
 
 
 def _add_distill(sub):

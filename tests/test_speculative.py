@@ -118,3 +118,24 @@ def test_drafts_never_add_tokens_after_eos(model):
     assert got == want
     for g in got:
         assert eos[0] not in g[:-1]
+
+
+def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path, capsys, cli_error):
+    import json
+
+    from specformer_jax.checkpoints.drafter_io import save_drafter
+    from specformer_jax.cli import main
+
+    cfg = DrafterConfig(num_slots=3)
+    save_drafter(tmp_path / "d", cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), model.cfg, dtype="float32")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
+    base = ["generate", "--model", str(tiny_checkpoints["qwen2"]), "--prompts-file", str(prompts), "--json",
+            "--max-new-tokens", "12"]
+    assert main(base + ["--drafter", str(tmp_path / "d")]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main(base + ["--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert [r["token_ids"] for r in spec["results"]] == [r["token_ids"] for r in plain["results"]]
+    assert len(spec["stats"]["acceptance_rate_per_slot"]) == 3 and "mean_accepted_length" not in plain["stats"]
+    assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])

@@ -56,8 +56,20 @@ def encode_prompts(model: LoadedTarget, prompts: Sequence[Prompt], chat: bool = 
     return out
 
 
-def _bucket(n: int, quantum: int = 32) -> int:
-    return -(-n // quantum) * quantum
+def _padded_batch(chunk: list[list[int]], B: int, max_new_tokens: int):
+    """Right-padded prompts int32[B, Tp] (Tp: a multiple of 32, to reuse compilations), lengths, budgets.
+
+    Rows past the chunk are inactive padding (budget 0), so a short last chunk reuses the batch-B compilation.
+    """
+    Tp = -(-max(len(p) for p in chunk) // 32) * 32
+    prompts = np.zeros((B, Tp), np.int32)
+    lens = np.ones((B,), np.int32)
+    budget = np.zeros((B,), np.int32)
+    for r, p in enumerate(chunk):
+        prompts[r, : len(p)] = p
+        lens[r] = len(p)
+        budget[r] = max_new_tokens
+    return jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(budget)
 
 
 class _Compiled:
@@ -124,14 +136,8 @@ def generate(
     for start in range(0, len(ids), B):
         chunk = ids[start : start + B]
         n = len(chunk)
-        Tp = _bucket(max(len(p) for p in chunk))
-        prompt_arr = np.zeros((B, Tp), np.int32)
-        lens = np.ones((B,), np.int32)
-        budget = np.zeros((B,), np.int32)
-        for r, p in enumerate(chunk):
-            prompt_arr[r, : len(p)] = p
-            lens[r] = len(p)
-            budget[r] = max_new_tokens
+        prompt_arr, lens, budget = _padded_batch(chunk, B, max_new_tokens)
+        Tp = prompt_arr.shape[1]
         keys = row_keys_all[start : start + n]
         if n < B:  # pad the last chunk with inactive rows so it reuses the compiled function
             keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
@@ -139,12 +145,12 @@ def generate(
             fn = jax.tree_util.Partial(
                 _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
             )
-            args = (model.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget), keys)
+            args = (model.params, prompt_arr, lens, budget, keys)
         else:
             fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
                                        **spec)
-            args = (model.params, drafter.params, jnp.asarray(prompt_arr), jnp.asarray(lens), jnp.asarray(budget))
-        key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, id(model), spec and spec["num_slots"],
+            args = (model.params, drafter.params, prompt_arr, lens, budget)
+        key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
                drafter and drafter.cfg)
         compiled, c = _COMPILED.get(key, fn, *args)
         compile_s += c
