@@ -24,6 +24,7 @@ from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.parallel import batch_sharded, data_mesh, replicated
 from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
+from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import TrainConfig
 
 
@@ -136,6 +137,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             return {}
         m = _summaries([eval_step(state.params, target.params, jax.device_put(b, batch_sharded(mesh))) for b in evals])
         write({"split": "eval", "step": step, **m})
+        if is_main:
+            acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
+            tqdm.write(f"eval step {step}: loss {m['loss']:.4f}, accuracy per slot [{acc}], "
+                       f"expected accepted length {m['expected_accepted_length']:.3f}")
         return m
 
     step = int(state.step)
@@ -174,6 +179,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         last_eval = run_eval(step)
     log.close()
     if is_main:
+        plot_training(out / "metrics.jsonl", out / "training_curve.png")
         save_drafter(out / "drafter", cfg.drafter(), state.params, target.cfg,
                      meta={"target_source": target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
     return {"step": step, "eval": last_eval, "state": state}

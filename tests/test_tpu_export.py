@@ -1,0 +1,70 @@
+"""The jitted decode loops and the train step lower for TPU (jax.export), so the TPU path is checked without a TPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.decoding.autoregressive import ar_generate
+from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.target import Target
+from specformer_jax.training.train_config import TrainConfig
+
+CFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16)
+DRAFTER = DrafterConfig(num_slots=3)
+B, TP, N = 2, 32, 8
+
+
+def target_params():
+    return jax.eval_shape(lambda: Target(CFG).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32),
+                                                   KVCache.zeros(2, 1, 1, 2, 16))["params"])
+
+
+def lowered_for_tpu(fn, *args):
+    exp = export.export(jax.jit(fn), platforms=["tpu"])(*args)
+    assert exp.platforms == ("tpu",)
+    return exp.mlir_module()
+
+
+def spec(shape, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, 20, 0.9)])
+def test_ar_loop_exports_for_tpu(sampling):
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
+    text = lowered_for_tpu(
+        lambda p, t, l, m, k: ar_generate(p, t, l, m, k, cfg=CFG, sampling=sampling, eos_ids=(2,), max_new_tokens=N),
+        target_params(), spec((B, TP)), spec((B,)), spec((B,)), keys)
+    assert "stablehlo.while" in text
+
+
+def test_speculative_loop_exports_for_tpu():
+    dparams = jax.eval_shape(lambda: init_drafter(CFG, DRAFTER, jax.random.key(0)))
+    hooks = DRAFTER.resolved_hooks(CFG)
+    fn = lambda p, d, t, l, m: spec_generate(p, d, t, l, m, cfg=CFG, hooks=hooks, num_slots=3, eos_ids=(2,),
+                                             draft_fn=specformer_drafts(CFG, DRAFTER, 3), max_new_tokens=N)
+    assert "stablehlo.while" in lowered_for_tpu(fn, target_params(), dparams, spec((B, TP)), spec((B,)), spec((B,)))
+
+
+def test_train_step_exports_for_tpu():
+    from specformer_jax.checkpoints.loader import LoadedTarget
+    from specformer_jax.parallel import data_mesh
+    from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps
+
+    cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=B, chunk_positions=32)
+    tx = make_optimizer(cfg)
+    target = LoadedTarget(CFG, target_params(), None, (2,), "abstract")
+    train_step, _ = make_steps(target, cfg, tx, data_mesh())
+    dparams = jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(0)))
+    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)), dparams)
+    batch = {"tokens": spec((B, 32)), "label_mask": spec((B, 32))}
+    exp = export.export(train_step, platforms=["tpu"])(state, target.params, batch)
+    assert exp.platforms == ("tpu",)
