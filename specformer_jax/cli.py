@@ -149,8 +149,8 @@ def _choose_drafter(args, model):
     from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER, load_drafter
 
     choice = args.drafter
-    if choice is None:  # implicit: the shipped drafter goes with the default model, and only with greedy decoding
-        if args.model != "default" or args.temperature > 0 or not (DEFAULT_DRAFTER / "drafter.json").is_file():
+    if choice is None:  # implicit: the shipped drafter goes with the default model
+        if args.model != "default" or not (DEFAULT_DRAFTER / "drafter.json").is_file():
             return None
         choice = "default"
     if choice == "none":

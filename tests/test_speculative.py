@@ -13,12 +13,15 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.speculative import spec_generate
 from specformer_jax.modeling.drafter import init_drafter
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
            [100, 101, 102, 103, 104], [60], [7, 7, 7, 8, 8, 8, 9, 9]]
 N = 20
+GREEDY = SamplingConfig()
+KEYS = jax.random.split(jax.random.key(0), len(PROMPTS))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def oracle_drafts(sequences, shift=0):
     def draft(dparams, tparams, hidden, dcache, num_new, slots_at, k=4):
         pos = dcache.lengths[:, None] + slots_at + 2 + jnp.arange(k)[None, :]  # slot i at t predicts t + 2 + i
         tok = jnp.take_along_axis(seqs, jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
-        return (tok + shift) % 128, dcache.replace(lengths=dcache.lengths + num_new)
+        return 30.0 * jax.nn.one_hot((tok + shift) % 128, 128), dcache.replace(lengths=dcache.lengths + num_new)
 
     return draft
 
@@ -54,9 +57,9 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
     ref = generate(dataclasses.replace(model, eos_ids=eos_ids), prompts, max_new_tokens=max_new).token_ids
     full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(prompts, ref)]
     tokens, lens = padded(prompts)
-    fn = jax.jit(lambda p, t, l, b: spec_generate(p, None, t, l, b, cfg=model.cfg, hooks=(), num_slots=k,
-                                                  draft_fn=lambda *a: oracle_drafts(full, shift)(*a, k=k),
-                                                  eos_ids=eos_ids, max_new_tokens=max_new))
+    fn = jax.jit(lambda p, t, l, b: spec_generate(p, None, t, l, b, KEYS[: len(prompts)], cfg=model.cfg, hooks=(),
+                                                  num_slots=k, draft_fn=lambda *a: oracle_drafts(full, shift)(*a, k=k),
+                                                  sampling=GREEDY, eos_ids=eos_ids, max_new_tokens=max_new))
     s = fn(model.params, tokens, lens, jnp.full((len(prompts),), max_new, jnp.int32))
     got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(len(prompts))]
     return ref, got, s
@@ -112,8 +115,9 @@ def test_drafts_never_add_tokens_after_eos(model):
     want = generate(model_eos, PROMPTS, max_new_tokens=N).token_ids
     full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(PROMPTS, free)]
     tokens, lens = padded(PROMPTS)
-    s = spec_generate(model.params, None, tokens, lens, jnp.full((7,), N, jnp.int32), cfg=model.cfg, hooks=(),
-                      num_slots=4, draft_fn=lambda *a: oracle_drafts(full)(*a, k=4), eos_ids=eos, max_new_tokens=N)
+    s = spec_generate(model.params, None, tokens, lens, jnp.full((7,), N, jnp.int32), KEYS, cfg=model.cfg, hooks=(),
+                      num_slots=4, draft_fn=lambda *a: oracle_drafts(full)(*a, k=4), sampling=GREEDY, eos_ids=eos,
+                      max_new_tokens=N)
     got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(7)]
     assert got == want
     for g in got:

@@ -49,9 +49,13 @@ def test_ar_loop_exports_for_tpu(sampling):
 def test_speculative_loop_exports_for_tpu():
     dparams = jax.eval_shape(lambda: init_drafter(CFG, DRAFTER, jax.random.key(0)))
     hooks = DRAFTER.resolved_hooks(CFG)
-    fn = lambda p, d, t, l, m: spec_generate(p, d, t, l, m, cfg=CFG, hooks=hooks, num_slots=3, eos_ids=(2,),
-                                             draft_fn=specformer_drafts(CFG, DRAFTER, 3), max_new_tokens=N)
-    assert "stablehlo.while" in lowered_for_tpu(fn, target_params(), dparams, spec((B, TP)), spec((B,)), spec((B,)))
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
+    for sampling in (SamplingConfig(), SamplingConfig(0.8, 10, 0.95)):
+        fn = lambda p, d, t, l, m, k: spec_generate(p, d, t, l, m, k, cfg=CFG, hooks=hooks, num_slots=3, eos_ids=(2,),
+                                                    draft_fn=specformer_drafts(CFG, DRAFTER, 3), sampling=sampling,
+                                                    max_new_tokens=N)
+        text = lowered_for_tpu(fn, target_params(), dparams, spec((B, TP)), spec((B,)), spec((B,)), keys)
+        assert "stablehlo.while" in text
 
 
 def test_train_step_exports_for_tpu():

@@ -108,7 +108,8 @@ def generate(
 ) -> GenerationResult:
     """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device.
 
-    With a drafter, greedy decoding is speculative (same tokens as without it); `draft_len` <= its trained slots.
+    With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same distribution.
+    `draft_len` <= the drafter's trained slots.
     """
     if not prompts:
         raise SpecformerError("no prompts given")
@@ -117,7 +118,7 @@ def generate(
     if batch_size < 1:
         raise SpecformerError(f"batch_size must be >= 1, got {batch_size}")
     sampling = SamplingConfig(temperature, top_k, top_p)
-    spec = _speculative_setup(model, drafter, draft_len, sampling)
+    spec = _speculative_setup(model, drafter, draft_len)
     limit = max_cache_len or model.cfg.max_position
     ids = encode_prompts(model, prompts, chat)
     for i, p in enumerate(ids):
@@ -148,8 +149,8 @@ def generate(
             args = (model.params, prompt_arr, lens, budget, keys)
         else:
             fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
-                                       **spec)
-            args = (model.params, drafter.params, prompt_arr, lens, budget)
+                                       sampling=sampling, **spec)
+            args = (model.params, drafter.params, prompt_arr, lens, budget, keys)
         key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
                drafter and drafter.cfg)
         compiled, c = _COMPILED.get(key, fn, *args)
@@ -202,12 +203,10 @@ def speculative_stats(rows: dict[str, list]) -> dict:
     }
 
 
-def _speculative_setup(model: LoadedTarget, drafter, draft_len, sampling: SamplingConfig):
+def _speculative_setup(model: LoadedTarget, drafter, draft_len):
     """Static options of the speculative loop, or None for plain AR decoding."""
     if drafter is None or draft_len == 0:
         return None
-    if not sampling.greedy:
-        raise SpecformerError("speculative sampling is not implemented yet: use temperature 0 or no drafter")
     k = drafter.cfg.num_slots if draft_len is None else draft_len
     if not 1 <= k <= drafter.cfg.num_slots:
         raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {k}")
@@ -222,8 +221,9 @@ def _ar_entry(params, prompts, lens, budget, keys, *, cfg, sampling, eos_ids, ma
     return {"out": out, "num_out": num_out, "steps": steps}
 
 
-def _spec_entry(params, dparams, prompts, lens, budget, *, cfg, eos_ids, max_new_tokens, hooks, num_slots, draft_fn):
-    s = spec_generate(params, dparams, prompts, lens, budget, cfg=cfg, hooks=hooks, draft_fn=draft_fn,
-                      num_slots=num_slots, eos_ids=eos_ids, max_new_tokens=max_new_tokens)
+def _spec_entry(params, dparams, prompts, lens, budget, keys, *, cfg, eos_ids, max_new_tokens, hooks, num_slots,
+                draft_fn, sampling):
+    s = spec_generate(params, dparams, prompts, lens, budget, keys, cfg=cfg, hooks=hooks, draft_fn=draft_fn,
+                      num_slots=num_slots, sampling=sampling, eos_ids=eos_ids, max_new_tokens=max_new_tokens)
     return {"out": s.out, "num_out": s.num_out, "steps": s.rounds, "row_rounds": s.row_rounds,
             "row_emitted": s.row_emitted, "accepted": s.accepted}

@@ -1,0 +1,99 @@
+"""Speculative sampling keeps the target's distribution: chi-square of sampled tokens against the exact one."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding import api, speculative
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.sampling import SamplingConfig, process_logits
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.kv_cache import KVCache
+
+PROMPT = [5, 17, 3, 99, 42, 7, 8]
+SAMPLING = SamplingConfig(temperature=1.0, top_k=5)
+ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    return load_target(tiny_checkpoints["qwen2"])
+
+
+@pytest.fixture(scope="module")
+def drafter(model):
+    cfg = DrafterConfig(num_slots=3)
+    return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(5)), {})
+
+
+def next_token_probs(model, prefixes):
+    """Exact processed next-token distribution after each prefix (float64), from one batched forward."""
+    tokens = jnp.asarray(prefixes, jnp.int32)
+    cache = KVCache.zeros(model.cfg.num_layers, len(prefixes), tokens.shape[1], model.cfg.num_kv_heads,
+                          model.cfg.head_dim)
+    logits = model.module().apply({"params": model.params}, tokens, cache)[0][:, -1]
+    return np.asarray(jax.nn.softmax(process_logits(logits, SAMPLING)), np.float64)
+
+
+def exact_joint_of_tokens_2_and_3(model):
+    """P(t2, t3) = sum over t1 of p(t1) p(t2 | t1) p(t3 | t1, t2), over the top-k supports."""
+    p1 = next_token_probs(model, [PROMPT])[0]
+    joint = {}
+    for t1 in np.nonzero(p1)[0]:
+        p2 = next_token_probs(model, [PROMPT + [int(t1)]])[0]
+        seconds = np.nonzero(p2)[0]
+        p3 = next_token_probs(model, [PROMPT + [int(t1), int(t2)] for t2 in seconds])
+        for t2, row in zip(seconds, p3):
+            for t3 in np.nonzero(row)[0]:
+                joint[(int(t2), int(t3))] = joint.get((int(t2), int(t3)), 0.0) + p1[t1] * p2[t2] * row[t3]
+    return joint
+
+
+def chi_square_pvalue(samples, joint):
+    counts = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert set(counts) <= set(joint)  # nothing outside the top-k supports
+    cells = sorted(joint, key=joint.get, reverse=True)
+    expected = np.array([joint[c] * len(samples) for c in cells])
+    observed = np.array([counts.get(c, 0) for c in cells], float)
+    big = expected >= 5  # pool the rare cells so the chi-square approximation holds
+    exp_b = np.append(expected[big], expected[~big].sum())
+    obs_b = np.append(observed[big], observed[~big].sum())
+    return scipy.stats.chisquare(obs_b, exp_b * obs_b.sum() / exp_b.sum()).pvalue
+
+
+def sample_tokens_2_and_3(model, drafter, seed):
+    res = generate(model, [PROMPT] * ROWS, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+                   batch_size=1000, seed=seed, drafter=drafter, draft_len=3)
+    assert 1.0 <= res.stats["mean_accepted_length"] <= 4.0
+    return [tuple(ids[1:3]) for ids in res.token_ids], res.stats
+
+
+def test_speculative_samples_follow_the_target_distribution(model, drafter):
+    joint = exact_joint_of_tokens_2_and_3(model)
+    samples, stats = sample_tokens_2_and_3(model, drafter, seed=11)
+    assert 0 < stats["acceptance_rate_per_slot"][0] < 1  # both acceptance and rejection paths are exercised
+    assert chi_square_pvalue(samples, joint) > 1e-3
+
+
+def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch):
+    real = speculative._verify
+
+    def ignores_q(logits, drafts, q, keys, sampling):  # treats every draft as if drawn uniformly
+        return real(logits, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), keys, sampling)
+
+    monkeypatch.setattr(speculative, "_verify", ignores_q)
+    monkeypatch.setattr(api, "_COMPILED", api._Compiled())  # do not reuse the correct compiled loop
+    joint = exact_joint_of_tokens_2_and_3(model)
+    samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
+    assert chi_square_pvalue(samples, joint) < 1e-6
