@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -257,6 +258,47 @@ def _run_eval_drafter(args) -> int:
     return 0
 
 
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="AR vs speculative decoding throughput per batch size",
+                       description="Plain and speculative decoding of the same prompts, in one process.")
+    p.add_argument("--model", default="default")
+    p.add_argument("--drafter", default="default", help="'default', a drafter directory, or 'none' (AR only)")
+    p.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl",
+                   help="JSONL prompts (default: benchmarks/prompts.jsonl)")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,4,16,64")
+    p.add_argument("--draft-len", type=_nonneg(int), default=None, help="drafts per round (default: trained slots)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--out", type=Path, required=True, help="result JSON")
+    p.add_argument("--plot", type=Path, help="also draw tokens/s per batch size to this PNG")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args) -> int:
+    from specformer_jax.bench.plot import plot_bench
+    from specformer_jax.bench.run import run_benchmark
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.loader import load_target
+
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SpecformerError(f"--batch-sizes expects positive integers like 1,4,16, got {args.batch_sizes!r}")
+    model = load_target(args.model)
+    drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
+    prompts = read_prompts_file(args.prompts)
+    result = run_benchmark(model, drafter, prompts, batch_sizes=sizes, draft_len=args.draft_len,
+                           max_new_tokens=args.max_new_tokens)
+    result = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter, **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot_bench(result, args.plot)
+    print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specformer", description="SpecFormer speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -264,11 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distill(sub)
     _add_train(sub)
     _add_eval_drafter(sub)
+    _add_bench(sub)
     return parser
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in result files
     try:
         return args.func(args)
     except SpecformerError as e:

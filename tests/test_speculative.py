@@ -143,3 +143,28 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     assert [r["token_ids"] for r in spec["results"]] == [r["token_ids"] for r in plain["results"]]
     assert len(spec["stats"]["acceptance_rate_per_slot"]) == 3 and "mean_accepted_length" not in plain["stats"]
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
+
+
+def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error):
+    import json
+
+    from specformer_jax.checkpoints.drafter_io import save_drafter
+    from specformer_jax.cli import main
+
+    cfg = DrafterConfig(num_slots=3)
+    save_drafter(tmp_path / "d", cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), model.cfg, dtype="float32")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
+    argv = ["bench", "--model", str(tiny_checkpoints["qwen2"]), "--drafter", str(tmp_path / "d"), "--prompts",
+            str(prompts), "--batch-sizes", "1,4", "--max-new-tokens", "10", "--out", str(tmp_path / "r.json"),
+            "--plot", str(tmp_path / "r.png")]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["command"].startswith("specformer bench --model") and result["draft_len"] == 3
+    assert [r["batch_size"] for r in result["results"]] == [1, 4]
+    for r in result["results"]:
+        assert r["output_equivalence"] == 1.0
+        assert r["speedup"] == r["spec"]["tokens_per_second"] / r["ar"]["tokens_per_second"]
+        assert len(r["spec"]["acceptance_rate_per_slot"]) == 3
+    assert (tmp_path / "r.png").stat().st_size > 0
+    assert "--batch-sizes" in cli_error(argv[:-4] + ["--batch-sizes", "1,x", "--out", str(tmp_path / "q.json")])
