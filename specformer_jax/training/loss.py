@@ -14,6 +14,7 @@ from specformer_jax.modeling.target import Target
 
 def slot_targets(tokens: jax.Array, label_mask: jax.Array, num_slots: int):
     """labels[b, t, i] = tokens[b, t + 2 + i] and weight = label_mask there (0 past the end). [B, T, K] each."""
+    tokens, label_mask = jnp.asarray(tokens), jnp.asarray(label_mask)
     B, T = tokens.shape
     idx = jnp.arange(T)[:, None] + 2 + jnp.arange(num_slots)[None, :]  # [T, K]
     inside = idx < T
