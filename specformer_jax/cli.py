@@ -40,6 +40,15 @@ def _nonneg(kind):
     return parse
 
 
+def _draft_len(s: str) -> int | str:
+    if s == "auto":
+        return s
+    try:
+        return _nonneg(int)(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {s!r}") from None
+
+
 def _probability(s: str) -> float:
     try:
         v = float(s)
@@ -75,6 +84,21 @@ def read_prompts_file(path: Path) -> list:
     return prompts
 
 
+def _add_attention_impl(p):
+    from pallas_kernels import IMPLS
+
+    p.add_argument("--attention-impl", choices=IMPLS, default="auto",
+                   help="attention kernels: auto = Pallas on GPU/TPU, the jnp reference on CPU")
+    p.add_argument("--mesh", default=None,
+                   help="shard decoding over devices, e.g. data=4,tensor=2 (rows over data, the model over tensor)")
+
+
+def _mesh(args):
+    from specformer_jax.parallel import make_mesh
+
+    return make_mesh(args.mesh) if args.mesh else None
+
+
 def _add_generate(sub):
     p = sub.add_parser("generate", help="decode prompts with a target model", description="Decode prompts on the device.")
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
@@ -88,12 +112,15 @@ def _add_generate(sub):
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--max-cache-len", type=_positive_int, default=None, help="default: the model's context length")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: checkpoint dtype (GGUF: float32)")
+    _add_attention_impl(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
                    help="'default' (shipped for the default model), a drafter directory, or 'none' for plain decoding; "
                         "default: the shipped drafter when --model is default, else none")
-    p.add_argument("--draft-len", type=_nonneg(int), default=None, help="drafts per round (<= trained slots; 0 = off)")
+    p.add_argument("--draft-len", type=_draft_len, default=None,
+                   help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
+                        "costs; default: trained slots)")
     p.set_defaults(func=_run_generate)
 
 
@@ -108,7 +135,7 @@ def _run_generate(args) -> int:
         raise SpecformerError("no prompts: give --prompt TEXT or --prompts-file F.jsonl")
     t = time.perf_counter()
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
-    model = load_target(args.model, dtype=args.dtype)
+    model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
     drafter = _choose_drafter(args, model)
     load_s = time.perf_counter() - t
     result = generate(
@@ -125,6 +152,7 @@ def _run_generate(args) -> int:
         progress=True,
         drafter=drafter,
         draft_len=args.draft_len,
+        mesh=_mesh(args),
     )
     result.stats["load_seconds"] = load_s
     s = result.stats
@@ -206,14 +234,21 @@ def _add_train(sub):
     p.add_argument("--config", type=Path, help="YAML of TrainConfig settings (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under `out`")
+    multi = p.add_argument_group("several processes (default: SPECFORMER_* environment, SLURM or TPU pod detection)")
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (SPECFORMER_COORDINATOR)")
+    multi.add_argument("--num-processes", type=_positive_int, metavar="N",
+                       help="processes in the run (SPECFORMER_NUM_PROCESSES)")
+    multi.add_argument("--process-id", type=_nonneg(int), metavar="I", help="this process, 0..N-1 (SPECFORMER_PROCESS_ID)")
     p.set_defaults(func=_run_train)
 
 
 def _run_train(args) -> int:
+    from specformer_jax.parallel import initialize_distributed
     from specformer_jax.training.train_config import load_train_config
     from specformer_jax.training.trainer import train
 
-    cfg = load_train_config(args.config, args.set)
+    cfg = load_train_config(args.config, args.set)  # touches no device: a bad config fails before waiting for peers
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)  # before any JAX device use
     result = train(cfg, resume=args.resume)
     ev = result["eval"]
     summary = f"; eval expected accepted length {ev['expected_accepted_length']:.3f}" if ev else ""
@@ -232,11 +267,13 @@ def _add_eval_drafter(sub):
                    help="score every record (default: only those held out by the drafter's training split)")
     p.add_argument("--seq-len", type=_positive_int, default=512)
     p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--save", action="store_true",
+                   help="also store the result in the drafter's drafter.json (what --draft-len auto reads)")
     p.set_defaults(func=_run_eval_drafter)
 
 
 def _run_eval_drafter(args) -> int:
-    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.training.data import is_eval_record
     from specformer_jax.training.distill import read_distilled
@@ -253,6 +290,8 @@ def _run_eval_drafter(args) -> int:
     if not records:
         raise SpecformerError(f"no records to score in {args.data}")
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size, progress=True)
+    if args.save:
+        record_eval(args.drafter, {**result, "data": str(args.data)})
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0
@@ -266,8 +305,10 @@ def _add_bench(sub):
     p.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl",
                    help="JSONL prompts (default: benchmarks/prompts.jsonl)")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,4,16,64")
-    p.add_argument("--draft-len", type=_nonneg(int), default=None, help="drafts per round (default: trained slots)")
+    p.add_argument("--draft-len", type=_draft_len, default=None,
+                   help="drafts per round, or auto (per batch size; default: trained slots)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    _add_attention_impl(p)
     p.add_argument("--out", type=Path, required=True, help="result JSON")
     p.add_argument("--plot", type=Path, help="also draw tokens/s per batch size to this PNG")
     p.set_defaults(func=_run_bench)
@@ -285,16 +326,90 @@ def _run_bench(args) -> int:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise SpecformerError(f"--batch-sizes expects positive integers like 1,4,16, got {args.batch_sizes!r}")
-    model = load_target(args.model)
+    model = load_target(args.model, attention_impl=args.attention_impl)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
     prompts = read_prompts_file(args.prompts)
     result = run_benchmark(model, drafter, prompts, batch_sizes=sizes, draft_len=args.draft_len,
-                           max_new_tokens=args.max_new_tokens)
+                           max_new_tokens=args.max_new_tokens, mesh=_mesh(args))
     result = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter, **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:
         plot_bench(result, args.plot)
+    print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return 0
+
+
+def _int_list(name):
+    def parse(s: str) -> list[int]:
+        try:
+            values = [int(x) for x in s.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{name} expects positive integers like 1,8,64, got {s!r}")
+        return values
+
+    return parse
+
+
+def _add_bench_kernels(sub):
+    from pallas_kernels import IMPLS
+
+    p = sub.add_parser("bench-kernels", help="Pallas attention kernel vs the XLA reference at verify shapes",
+                       description="Time the ragged attention kernel against the jnp/XLA reference, with achieved "
+                                   "memory bandwidth against the measured copy bandwidth.")
+    p.add_argument("--batch-sizes", type=_int_list("--batch-sizes"), default=[1, 8, 64])
+    p.add_argument("--queries", type=_int_list("--queries"), default=[5, 9], help="new tokens per row (k + 1)")
+    p.add_argument("--cache-lens", type=_int_list("--cache-lens"), default=[1024, 4096, 8192])
+    p.add_argument("--heads", type=_positive_int, default=32)
+    p.add_argument("--kv-heads", type=_positive_int, default=8)
+    p.add_argument("--head-dim", type=_positive_int, default=128)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--impl", choices=IMPLS, default="pallas", help="the kernel side (interpret: a CPU smoke run)")
+    p.add_argument("--repeats", type=_positive_int, default=20)
+    p.add_argument("--out", type=Path, required=True, help="result JSON")
+    p.set_defaults(func=_run_bench_kernels)
+
+
+def _run_bench_kernels(args) -> int:
+    from pallas_kernels import resolve
+    from specformer_jax.bench.kernels import run_kernel_benchmark
+
+    if args.heads % args.kv_heads:
+        raise SpecformerError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    try:
+        resolve(args.impl, args.head_dim)
+    except ValueError as e:
+        raise SpecformerError(str(e)) from None
+    result = run_kernel_benchmark(batch_sizes=args.batch_sizes, queries=args.queries, cache_lens=args.cache_lens,
+                                  num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                                  dtype=args.dtype, impl=args.impl, repeats=args.repeats)
+    result = {"command": "specformer " + shlex.join(args.argv), **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"specformer: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _add_report(sub):
+    p = sub.add_parser("report", help="bench result files side by side with roofline estimates",
+                       description="Lay `specformer bench` result files (any devices) side by side, each held against "
+                                   "a roofline estimate of plain and speculative decoding.")
+    p.add_argument("results", nargs="+", type=Path, help="result JSON files from `specformer bench`")
+    p.add_argument("--out", type=Path, required=True, help="Markdown report")
+    p.add_argument("--plot", type=Path, help="also draw measured and roofline speedup per batch size to this PNG")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(args) -> int:
+    from specformer_jax.bench.report import load_results, plot_report, render_markdown
+
+    docs = load_results(args.results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_markdown(docs) + "\n")
+    if args.plot:
+        plot_report(docs, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
     return 0
 
@@ -307,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval_drafter(sub)
     _add_bench(sub)
+    _add_bench_kernels(sub)
+    _add_report(sub)
     return parser
 
 

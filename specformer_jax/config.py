@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from pallas_kernels import IMPLS
 from specformer_jax.errors import SpecformerError
 
 # model_type -> which architectural switches it implies.
@@ -62,6 +63,7 @@ class TargetConfig:
     sliding_window: int | None = None  # Mistral v0.1
     model_type: str = "llama"
     dtype: str = "float32"  # parameter and activation dtype: float32 | bfloat16
+    attention_impl: str = "auto"  # pallas_kernels.ragged_attention impl: auto | reference | pallas | interpret | ...
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -70,6 +72,8 @@ class TargetConfig:
             )
         if self.dtype not in ("float32", "bfloat16"):
             raise SpecformerError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.attention_impl not in IMPLS:
+            raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 
     def hook_index(self, i: int) -> int:
         """Normalise a hidden-state hook index (HF convention: 0 = embeddings, L = final-normed output)."""

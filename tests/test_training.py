@@ -128,3 +128,19 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
         load_drafter(tmp_path / "d32", other)
     with pytest.raises(SpecformerError, match="not a drafter directory"):
         load_drafter(tmp_path, target)
+
+
+def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, tmp_path):
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.modeling.drafter import init_drafter
+
+    target = load_target(tiny_checkpoints["llama3"])
+    params = init_drafter(target.cfg, DrafterConfig(num_slots=3), jax.random.key(7))
+    save_drafter(tmp_path / "d", DrafterConfig(num_slots=3), params, target.cfg, dtype="float32")
+    start = trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d")), target)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    fresh = trainer.initial_params(config(tiny_checkpoints, tmp_path), target)
+    assert not np.array_equal(jax.tree.leaves(fresh)[0], jax.tree.leaves(params)[0])
+    with pytest.raises(SpecformerError, match="drafter settings"):
+        trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"), num_slots=2), target)

@@ -42,10 +42,31 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
     write_safetensors(path / "params.safetensors", {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
-    doc = {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target), **(meta or {})}
-    tmp = path / "drafter.json.tmp"
+    _write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
+                                        **(meta or {})})
+
+
+def _write_json(path: Path, doc: dict):
+    tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path / "drafter.json")
+    os.replace(tmp, path)
+
+
+def resolve_drafter_path(path: str | Path) -> Path:
+    """A drafter directory ("default": the one shipped for the default model)."""
+    if str(path) == "default":
+        if not (DEFAULT_DRAFTER / "drafter.json").is_file():
+            raise SpecformerError("this installation ships no default drafter; pass a drafter directory")
+        return DEFAULT_DRAFTER
+    return Path(path).expanduser()
+
+
+def record_eval(path: str | Path, result: dict):
+    """Store evaluation numbers in the drafter's drafter.json (`--draft-len auto` reads its per-slot acceptance)."""
+    meta_path = resolve_drafter_path(path) / "drafter.json"
+    doc = json.loads(meta_path.read_text())
+    doc["eval"] = result
+    _write_json(meta_path, doc)
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
@@ -53,11 +74,7 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
 
     A drafter made for a different target is a clear error.
     """
-    if str(path) == "default":
-        if not (DEFAULT_DRAFTER / "drafter.json").is_file():
-            raise SpecformerError("this installation ships no default drafter; pass a drafter directory")
-        path = DEFAULT_DRAFTER
-    path = Path(path).expanduser()
+    path = resolve_drafter_path(path)
     meta_path = path / "drafter.json"
     if not meta_path.is_file():
         raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")

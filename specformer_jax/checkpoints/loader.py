@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import resolve as resolve_attention
 from specformer_jax.checkpoints.default import default_model_path
 from specformer_jax.checkpoints.gguf_io import load_gguf
 from specformer_jax.checkpoints.hf import load_hf
@@ -32,10 +33,11 @@ class LoadedTarget:
         return Target(self.cfg, tuple(hooks))
 
 
-def load_target(path: str | Path = "default", dtype: str | None = None) -> LoadedTarget:
+def load_target(path: str | Path = "default", dtype: str | None = None, attention_impl: str = "auto") -> LoadedTarget:
     """Load a target: "default" (SmolLM2-135M-Instruct GGUF), a HF checkpoint directory, or a .gguf file.
 
     dtype: "float32" or "bfloat16"; default: the checkpoint's dtype for HF directories, float32 for GGUF.
+    attention_impl: see `pallas_kernels.ragged_attention` (auto: Pallas kernels on GPU/TPU, the reference on CPU).
     """
     if str(path) == "default":
         path = default_model_path()
@@ -49,6 +51,11 @@ def load_target(path: str | Path = "default", dtype: str | None = None) -> Loade
     else:
         raise SpecformerError(f"{path} is neither a checkpoint directory nor a .gguf file")
     _check_shapes(cfg, params, path)
+    cfg = dataclasses.replace(cfg, attention_impl=attention_impl)
+    try:
+        resolve_attention(attention_impl, cfg.head_dim)
+    except ValueError as e:
+        raise SpecformerError(str(e)) from None
     return LoadedTarget(cfg, jax.tree.map(jnp.asarray, params), tok, eos, str(path))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import sys
 import time
@@ -10,13 +12,16 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.decoding.autoregressive import ar_generate
+from specformer_jax.decoding.draft_len import auto_draft_len, remember_acceptance
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.parallel import batch_sharded, param_shardings
 
 Prompt = str | Sequence[int]  # text (tokenized, chat template unless chat=False) or token ids used as they are
 
@@ -78,16 +83,24 @@ class _Compiled:
     def __init__(self):
         self._cache: dict = {}
 
-    def get(self, key, fn, *args):
+    def get(self, key, fn, *args, precision: str | None = None):
         if key in self._cache:
             return self._cache[key], 0.0
         t = time.perf_counter()
-        compiled = jax.jit(fn).lower(*args).compile()
+        with jax.default_matmul_precision(precision) if precision else contextlib.nullcontext():
+            compiled = jax.jit(fn).lower(*args).compile()
         self._cache[key] = compiled
         return compiled, time.perf_counter() - t
 
 
 _COMPILED = _Compiled()
+
+
+def decode_precision(dtype: str) -> str | None:
+    """float32 models decode with float32 matmuls everywhere. GPUs would otherwise round them to TF32 and TPUs to
+    bfloat16 passes; a verify forward over k + 1 tokens and a one-token step are then rounded differently, near-ties
+    of the greedy argmax flip, and speculative output drifts from plain output (seen on an H100: 75% of rows equal)."""
+    return "highest" if dtype == "float32" else None
 
 
 def generate(
@@ -104,12 +117,18 @@ def generate(
     max_cache_len: int | None = None,
     progress: bool = False,
     drafter: LoadedDrafter | None = None,
-    draft_len: int | None = None,
+    draft_len: int | str | None = None,
+    mesh: Mesh | None = None,
+    remember: bool = True,
 ) -> GenerationResult:
     """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device.
 
     With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same distribution.
-    `draft_len` <= the drafter's trained slots.
+    `draft_len`: drafts per round, <= the drafter's trained slots (default: all of them; 0: plain decoding), or
+    "auto": chosen for this batch size from measured step costs and the drafter's acceptance (see draft_len.py).
+    `mesh` (specformer_jax.parallel.make_mesh): rows sharded over its batch axes, the model by the logical-axis rules
+    (tensor parallel over `tensor`); batch_size is rounded up to a multiple of the batch axes.
+    `remember`: fold the measured acceptance into the drafter's running estimate that "auto" uses (draft_len.py).
     """
     if not prompts:
         raise SpecformerError("no prompts given")
@@ -118,7 +137,9 @@ def generate(
     if batch_size < 1:
         raise SpecformerError(f"batch_size must be >= 1, got {batch_size}")
     sampling = SamplingConfig(temperature, top_k, top_p)
-    spec = _speculative_setup(model, drafter, draft_len)
+    if draft_len == "auto" and drafter is None:
+        draft_len = 0
+    spec = None if draft_len == "auto" else _speculative_setup(model, drafter, draft_len)
     limit = max_cache_len or model.cfg.max_position
     ids = encode_prompts(model, prompts, chat)
     for i, p in enumerate(ids):
@@ -130,6 +151,22 @@ def generate(
     root = jax.random.key(seed)
     row_keys_all = jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(len(ids)))
     B = min(batch_size, len(ids))
+    params, dparams = model.params, drafter.params if drafter is not None else None
+    if mesh is not None:
+        rows = mesh.shape["data"] * mesh.shape["fsdp"]
+        B = -(-B // rows) * rows
+        params = jax.device_put(params, param_shardings(params, mesh))
+        if dparams is not None:
+            dparams = jax.device_put(dparams, param_shardings(dparams, mesh))
+    auto = None
+    if draft_len == "auto":
+        typical = -(-(sum(map(len, ids)) // len(ids) + max_new_tokens // 2) // 64) * 64  # mid-decode, rounded up
+        auto = auto_draft_len(model, drafter, B, typical, sampled=sampling.temperature > 0)
+        spec = _speculative_setup(model, drafter, auto.draft_len)
+        if progress:
+            guess = ", ".join(f"k={k}: {v:.2f}x" for k, v in auto.predicted_speedup.items())
+            print(f"specformer: --draft-len auto chose {auto.draft_len} for batch {B} (predicted {guess})",
+                  file=sys.stderr)
     tokens_out: list[list[int]] = []
     compile_s = run_s = 0.0
     steps = 0
@@ -142,18 +179,20 @@ def generate(
         keys = row_keys_all[start : start + n]
         if n < B:  # pad the last chunk with inactive rows so it reuses the compiled function
             keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
+        if mesh is not None:
+            prompt_arr, lens, budget, keys = jax.device_put((prompt_arr, lens, budget, keys), batch_sharded(mesh))
         if spec is None:
             fn = jax.tree_util.Partial(
                 _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
             )
-            args = (model.params, prompt_arr, lens, budget, keys)
+            args = (params, prompt_arr, lens, budget, keys)
         else:
             fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
                                        sampling=sampling, **spec)
-            args = (model.params, drafter.params, prompt_arr, lens, budget, keys)
+            args = (params, dparams, prompt_arr, lens, budget, keys)
         key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
-               drafter and drafter.cfg)
-        compiled, c = _COMPILED.get(key, fn, *args)
+               drafter and drafter.cfg, mesh)
+        compiled, c = _COMPILED.get(key, fn, *args, precision=decode_precision(model.cfg.dtype))
         compile_s += c
         t = time.perf_counter()
         result = jax.block_until_ready(compiled(*args))
@@ -181,8 +220,15 @@ def generate(
         "device": jax.devices()[0].device_kind,
         "dtype": model.cfg.dtype,
     }
+    if drafter is not None:
+        stats["draft_len"] = spec["num_slots"] if spec else 0
+    if auto is not None:
+        stats["draft_len_auto"] = auto.to_json()
     if spec_rows:
         stats.update(speculative_stats(spec_rows))
+        if remember:
+            remember_acceptance(model, drafter, stats["acceptance_rate_per_slot"], stats["rounds"],
+                                sampled=sampling.temperature > 0)
     return GenerationResult(texts, tokens_out, stats)
 
 

@@ -8,7 +8,7 @@ from flax import struct
 
 from specformer_jax.config import TargetConfig
 from specformer_jax.decoding.sampling import SamplingConfig, select_tokens, step_keys
-from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
 
@@ -42,7 +42,7 @@ def ar_generate(
     model = Target(cfg)
     B, Tp = prompts.shape
     N = max_new_tokens
-    cache = KVCache.zeros(cfg.num_layers, B, Tp + N, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+    cache = target_cache(cfg, B, Tp + N)
     with jax.named_scope("prefill"):
         logits, cache, _ = model.apply({"params": params}, prompts, cache, prompt_lens, (prompt_lens - 1)[:, None])
     first = select_tokens(logits[:, 0], step_keys(row_keys, 0), sampling)

@@ -18,8 +18,8 @@ from flax import struct
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.autoregressive import is_eos
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens, step_keys
-from specformer_jax.modeling.drafter import Drafter, draft_logits, drafter_cache
-from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.drafter import Drafter, draft_head_params, draft_logits, drafter_cache
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
 
@@ -39,7 +39,8 @@ class SpecState:
     accepted: jax.Array  # int32[B, k]: rounds in which slot i was accepted
 
 
-# (drafter params, target params, hidden {hook: [B, T, d]}, drafter cache, num_new [B], slots_at [B, 1])
+# (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
+#  slots_at [B, 1])
 #   -> (draft logits float32[B, k, V], drafter cache)
 DraftFn = Callable
 
@@ -47,11 +48,11 @@ DraftFn = Callable
 def specformer_drafts(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, num_slots: int) -> DraftFn:
     """The SpecFormer drafter as a draft function: logits of its first k slots at one position per row."""
 
-    def draft(dparams, tparams, hidden, dcache, num_new, slots_at):
+    def draft(dparams, head_params, hidden, dcache, num_new, slots_at):
         states, dcache = Drafter(target_cfg, drafter_cfg).apply(
             {"params": dparams}, hidden, dcache, num_new, slots_at, num_slots
         )
-        return draft_logits(target_cfg, tparams, states[:, 0]), dcache  # [B, k, V]
+        return draft_logits(target_cfg, head_params, states[:, 0]), dcache  # [B, k, V]
 
     return draft
 
@@ -118,14 +119,15 @@ def spec_generate(
     B, Tp = prompts.shape
     N, k = max_new_tokens, num_slots
     S = Tp + N + k + 1
-    cache = KVCache.zeros(cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+    cache = target_cache(cfg, B, S)
+    head = draft_head_params(cfg, params)  # once per call, outside the loop
 
     def round_keys(step):  # per row: accept, resample, draft
         return jax.vmap(lambda key: jax.random.split(key, 3))(step_keys(row_keys, step))
 
     with jax.named_scope("prefill"):
         logits, cache, hidden = target.apply({"params": params}, prompts, cache, prompt_lens, (prompt_lens - 1)[:, None])
-        dlogits, dcache = draft_fn(dparams, params, hidden, drafter_cache(cfg, B, S), prompt_lens,
+        dlogits, dcache = draft_fn(dparams, head, hidden, drafter_cache(cfg, B, S), prompt_lens,
                                    (prompt_lens - 1)[:, None])
     keys0 = round_keys(0)
     first = select_tokens(logits[:, 0], keys0[:, 0], sampling)
@@ -161,7 +163,7 @@ def spec_generate(
         done = s.done | (eos_at < count) | (num_out >= max_new)
         keep = jnp.where(live, s.cache.lengths + n + 1, s.cache.lengths)  # x, d_1..d_n stay; the rest is past it
         with jax.named_scope("draft"):
-            dlogits, dcache = draft_fn(dparams, params, hidden, s.dcache, jnp.zeros((B,), jnp.int32), n[:, None])
+            dlogits, dcache = draft_fn(dparams, head, hidden, s.dcache, jnp.zeros((B,), jnp.int32), n[:, None])
             drafts, q = _choose_drafts(dlogits, keys[:, 2], sampling)
         return SpecState(
             rounds=s.rounds + 1,

@@ -19,14 +19,14 @@ from flax import linen as nn
 
 from pallas_kernels import ragged_attention_reference
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.layers import RMSNorm, SwiGLU, rope
 from specformer_jax.modeling.target import Attention, Target
 
 
 def drafter_cache(target: TargetConfig, batch: int, max_len: int) -> KVCache:
     """The drafter's own one-layer KV cache; its lengths move in lockstep with the target's."""
-    return KVCache.zeros(1, batch, max_len, target.num_kv_heads, target.head_dim, target.dtype)
+    return target_cache(target, batch, max_len, num_layers=1)
 
 
 class SlotAttention(nn.Module):
@@ -112,9 +112,24 @@ class Drafter(nn.Module):
         return m + self.ffn(self.ffn_norm(m))
 
 
-def draft_logits(target_cfg: TargetConfig, target_params, slot_states: jax.Array) -> jax.Array:
-    """The target's final norm + LM head on drafter slot states (float32 logits)."""
-    return Target(target_cfg).apply({"params": target_params}, slot_states, method=Target.head)
+def draft_head_params(target_cfg: TargetConfig, target_params):
+    """The target's final norm and LM head for drafting, with the head matrix in bfloat16.
+
+    Drafting reads the whole vocabulary matrix once more per round; in bfloat16 that read costs half. Drafts only
+    need the logits' ranking (and, when sampling, verification uses the distribution they were actually drawn
+    from), so the output stays exactly the target's.
+    """
+    head = {"final_norm": target_params["final_norm"]}
+    for name in ("embed", "lm_head"):
+        if name in target_params:
+            head[name] = jax.tree.map(lambda w: w.astype(jnp.bfloat16), target_params[name])
+    return head
+
+
+def draft_logits(target_cfg: TargetConfig, head_params, slot_states: jax.Array) -> jax.Array:
+    """Final norm + LM head (params from draft_head_params) on drafter slot states: float32 logits."""
+    cfg = dataclasses.replace(target_cfg, dtype="bfloat16")
+    return Target(cfg).apply({"params": head_params}, slot_states.astype(jnp.bfloat16), method=Target.head)
 
 
 def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array):

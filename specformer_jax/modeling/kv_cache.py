@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pallas_kernels import cache_block
+
 
 @struct.dataclass
 class KVCache:
@@ -21,6 +23,15 @@ class KVCache:
     def zeros(cls, num_layers, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32) -> "KVCache":
         shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+
+def target_cache(cfg, batch: int, max_len: int, num_layers: int | None = None) -> KVCache:
+    """A zeroed cache for `cfg` (a TargetConfig) holding at least max_len positions: rounded up to the attention
+    kernel's tile, so the kernel never pads it. num_layers: default cfg.num_layers (the drafter's cache has 1)."""
+    block = cache_block(cfg.attention_impl, cfg.head_dim)
+    size = -(-max_len // block) * block
+    layers = cfg.num_layers if num_layers is None else num_layers
+    return KVCache.zeros(layers, batch, size, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
 
 
 def write_tokens(cache: jax.Array, layer, new: jax.Array, start: jax.Array) -> jax.Array:

@@ -41,7 +41,8 @@ class Attention(nn.Module):
         q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
         k_all = write_tokens(k_all, layer, k, start)
         v_all = write_tokens(v_all, layer, v, start)
-        o = ragged_attention(q, k_all[layer], v_all[layer], kv_len, causal=True, sliding_window=cfg.sliding_window)
+        o = ragged_attention(q, k_all[layer], v_all[layer], kv_len, causal=True, sliding_window=cfg.sliding_window,
+                             impl=cfg.attention_impl)
         return _dense(cfg.hidden_size, cfg, "o")(o.reshape(B, T, -1)), k_all, v_all
 
 

@@ -32,6 +32,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
         "num_slots": drafter.cfg.num_slots,
         "loss_per_slot": np.asarray(m["loss_per_slot"]).round(4).tolist(),
         "accuracy_per_slot": np.asarray(m["accuracy_per_slot"]).round(4).tolist(),
+        "acceptance_rate_per_slot": np.asarray(m["acceptance_rate_per_slot"]).round(4).tolist(),
         "expected_accepted_length": round(float(m["expected_accepted_length"]), 4),
         "scored_positions": int(total["positions"]),
     }

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.drafter import Drafter, drafter_cache
-from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
 
@@ -27,7 +27,7 @@ def slot_targets(tokens: jax.Array, label_mask: jax.Array, num_slots: int):
 def target_hidden(target_cfg: TargetConfig, target_params, tokens, hooks):
     """Frozen target forward over whole sequences, returning only the hooked states (no vocab logits)."""
     B, T = tokens.shape
-    cache = KVCache.zeros(target_cfg.num_layers, B, T, target_cfg.num_kv_heads, target_cfg.head_dim, target_cfg.dtype)
+    cache = target_cache(target_cfg, B, T)
     _, _, hidden = Target(target_cfg, hooks).apply(
         {"params": target_params}, tokens, cache, logits_at=jnp.zeros((B, 1), jnp.int32)
     )
@@ -42,18 +42,25 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     """Sums over slots of weighted CE, correct top-1 and the leading-accepted count, per slot.
 
     states [B, T, K, d], labels/weights [B, T, K]. Returns dict of float32 arrays: ce_sum [K], correct [K], count [K],
-    and accepted_sum / positions (leading correct slots per position, positions whose first slot is supervised).
+    and accepted_sum / positions (leading correct slots per position, over positions whose K slots are all
+    supervised), accepted_at_least [K] (of those positions, how many have at least i + 1 leading correct slots).
     """
     B, T, K, d = states.shape
     N = B * T
     pad = -N % chunk_positions
-    flat = lambda x, fill: jnp.pad(x.reshape(N, *x.shape[2:]), [(0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+    # Supervised positions first (stable), so chunks with no supervised position (prompts, padding) can be skipped.
+    order = jnp.argsort(~jnp.any(weights.reshape(N, K) > 0, axis=-1), stable=True)
+    flat = lambda x: jnp.pad(x.reshape(N, *x.shape[2:])[order], [(0, pad)] + [(0, 0)] * (x.ndim - 2))
     chunks = N // chunk_positions + (pad > 0)
-    xs = (flat(states, 0).reshape(chunks, chunk_positions, K, d), flat(labels, 0).reshape(chunks, chunk_positions, K),
-          flat(weights, 0).reshape(chunks, chunk_positions, K))
+    xs = (flat(states).reshape(chunks, chunk_positions, K, d), flat(labels).reshape(chunks, chunk_positions, K),
+          flat(weights).reshape(chunks, chunk_positions, K))
 
     @jax.checkpoint
     def one(carry, x):
+        sums = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: zero, x)
+        return jax.tree.map(jnp.add, carry, sums), None
+
+    def chunk_sums(x):
         m, lab, w = x
         logits = Target(target_cfg).apply({"params": target_params}, m, method=Target.head)  # [C, K, V] float32
         lse = jax.nn.logsumexp(logits, axis=-1)
@@ -63,17 +70,17 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         # accepted = leading run of correct slots, counted where the whole window is supervised
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
         full = jnp.all(supervised, axis=-1)
-        out = {
+        return {
             "ce_sum": jnp.sum(w * ce, axis=0),
             "correct": jnp.sum(hit, axis=0).astype(jnp.float32),
             "count": jnp.sum(w, axis=0),
             "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
+            "accepted_at_least": jnp.sum(full[:, None] & (lead[:, None] > jnp.arange(K)), axis=0).astype(jnp.float32),
             "positions": jnp.sum(full).astype(jnp.float32),
         }
-        return jax.tree.map(jnp.add, carry, out), None
 
     zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
-            "positions": jnp.zeros(())}
+            "accepted_at_least": jnp.zeros(K), "positions": jnp.zeros(())}
     return jax.lax.scan(one, zero, xs)[0]
 
 
@@ -90,10 +97,12 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
 
 
 def metrics_from_sums(sums) -> dict:
-    """Per-slot loss and top-1 accuracy, and the teacher-forced expected accepted length (bonus token included)."""
+    """Per-slot loss, top-1 accuracy and acceptance, and the teacher-forced expected accepted length (bonus included)."""
     count = jnp.maximum(sums["count"], 1.0)
     return {
         "loss_per_slot": sums["ce_sum"] / count,
         "accuracy_per_slot": sums["correct"] / count,
         "expected_accepted_length": 1.0 + sums["accepted_sum"] / jnp.maximum(sums["positions"], 1.0),
+        # teacher-forced counterpart of the decoding stat: fraction of rounds in which slot i would be accepted
+        "acceptance_rate_per_slot": sums["accepted_at_least"] / jnp.maximum(sums["positions"], 1.0),
     }

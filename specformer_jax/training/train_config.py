@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from pallas_kernels import IMPLS
 from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
 
@@ -18,6 +19,7 @@ class TrainConfig:
     data: str = ""  # directory written by `specformer distill`
     out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/
     eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
+    init_from: str | None = None  # a drafter directory to continue from (same drafter settings) instead of random init
     # drafter
     num_slots: int = 4
     hooks: tuple[int, ...] | None = None
@@ -41,6 +43,8 @@ class TrainConfig:
     save_every: int = 200
     keep_checkpoints: int = 3
     chunk_positions: int = 256  # positions per LM-head chunk in the loss (memory vs speed)
+    attention_impl: str = "auto"  # pallas_kernels.ragged_attention: auto = Pallas on GPU/TPU, reference on CPU
+    mesh: str = "data=-1"  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (-1: the remaining devices); see parallel.py
 
     def drafter(self) -> DrafterConfig:
         return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention)
@@ -52,6 +56,8 @@ class TrainConfig:
         if not 0 <= self.eval_fraction < 1:
             raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
         self.drafter()  # validates num_slots / slot_attention
+        if self.attention_impl not in IMPLS:
+            raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 
 
 def _coerce(name: str, value, hint):

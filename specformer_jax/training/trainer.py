@@ -17,11 +17,11 @@ import orbax.checkpoint as ocp
 from flax import struct
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import save_drafter
+from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import LoadedTarget, load_target
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
-from specformer_jax.parallel import batch_sharded, data_mesh, replicated
+from specformer_jax.parallel import batch_sharded, like_params, make_mesh, param_shardings, replicated
 from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
@@ -44,8 +44,17 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     )
 
 
+def train_shardings(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
+    """(train state shardings, target parameter shardings) on `mesh` (see specformer_jax.parallel)."""
+    dparams = jax.eval_shape(lambda: init_drafter(target.cfg, cfg.drafter(), jax.random.key(0)))
+    opt_state = jax.eval_shape(tx.init, dparams)
+    state = TrainState(replicated(mesh), param_shardings(dparams, mesh), like_params(opt_state, dparams, mesh))
+    return state, param_shardings(target.params, mesh)
+
+
 def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
-    """(train_step, eval_step), jitted with explicit shardings: batch over 'data', parameters replicated."""
+    """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
+    the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel)."""
     loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
                                     chunk_positions=cfg.chunk_positions)
 
@@ -62,8 +71,10 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
         return loss_fn(params, target_params, batch["tokens"], batch["label_mask"])[1]
 
     rep, data = replicated(mesh), batch_sharded(mesh)
-    train = jax.jit(train_step, in_shardings=(rep, rep, data), out_shardings=(rep, rep), donate_argnums=0)
-    evaluate = jax.jit(eval_step, in_shardings=(rep, rep, data), out_shardings=rep)
+    state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
+    train = jax.jit(train_step, in_shardings=(state_sh, target_sh, data), out_shardings=(state_sh, rep),
+                    donate_argnums=0)
+    evaluate = jax.jit(eval_step, in_shardings=(state_sh.params, target_sh, data), out_shardings=rep)
     return train, evaluate
 
 
@@ -85,6 +96,17 @@ def load_records(data_dir: str) -> list[dict]:
     return read_distilled(Path(data_dir))
 
 
+def initial_params(cfg: TrainConfig, target: LoadedTarget):
+    """Random drafter parameters, or those of the drafter directory `init_from` (its settings must be the run's)."""
+    if cfg.init_from is None:
+        return init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
+    start = load_drafter(cfg.init_from, target)
+    if start.cfg != cfg.drafter():
+        raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
+                              f"{cfg.drafter()}")
+    return start.params
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Run (or resume) a training run; returns the final eval metrics. Everything goes under cfg.out."""
     out = Path(cfg.out).absolute()
@@ -98,16 +120,22 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     eval_recs = [r for r in records if is_eval_record(r["index"], cfg.eval_fraction)]
     if len(train_recs) < cfg.batch_size:
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
-    target = load_target(cfg.model)
-    mesh = data_mesh()
+    if cfg.batch_size % jax.process_count():
+        raise SpecformerError(f"batch_size {cfg.batch_size} must be a multiple of the {jax.process_count()} processes")
+    target = load_target(cfg.model, attention_impl=cfg.attention_impl)
+    mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh)
     data_iter = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
                                       seed=cfg.seed, process_index=jax.process_index(),
                                       process_count=jax.process_count()))
     evals = eval_batches(eval_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, num_batches=cfg.eval_batches)
-    params = init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
-    state = jax.device_put(TrainState(jnp.int32(0), params, tx.init(params)), replicated(mesh))
+    params = initial_params(cfg, target)
+    state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
+    state = put_global(TrainState(jnp.int32(0), params, tx.init(params)), state_sh)
+    target = dataclasses.replace(target, params=put_global(target.params, target_sh))
+    barrier("specformer-train-checked-out-dir")  # every process has checked `out` before any writes to it
+    # Every process takes part in checkpoint saves and restores (each writes its own shards; orbax coordinates).
     manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints,
                                                                                    create=True))
     if resume:
@@ -116,11 +144,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
             data=ocp.args.JsonRestore()))
         state = restored["state"]
+        # Process 0 wrote its iterator position; every process's iterator has taken as many batches, so the
+        # position is the same on all of them.
         data_iter.set_state(restored["data"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
-    log = open(out / "metrics.jsonl", "a")
     is_main = jax.process_index() == 0
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "metrics.jsonl", "a") if is_main else None
+    if is_main:
+        (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
 
     def save(step: int, state, data_state):
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -148,7 +179,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     bar = tqdm(total=cfg.steps, initial=step, desc="train", file=sys.stderr, disable=not (progress and is_main))
     last_eval: dict = {}
     try:
-        t0, tokens = time.perf_counter(), 0
+        t0, tokens, since = time.perf_counter(), 0, step
         while step < cfg.steps:
             batch = next(data_iter)
             state, metrics = train_step(state, target.params, jax.device_put(batch, batch_sharded(mesh)))
@@ -157,9 +188,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.log_every == 0 or step == cfg.steps:
                 metrics = _jsonable(metrics)
                 dt = time.perf_counter() - t0
-                write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt, **metrics})
+                write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt,
+                       "seconds_per_step": dt / (step - since), **metrics})
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['accuracy_per_slot'][0]:.2f}")
-                t0, tokens = time.perf_counter(), 0
+                t0, tokens, since = time.perf_counter(), 0, step
             if step % cfg.eval_every == 0:
                 last_eval = run_eval(step)
             if step % cfg.save_every == 0:

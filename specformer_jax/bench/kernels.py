@@ -1,0 +1,58 @@
+"""`specformer bench-kernels`: the Pallas ragged attention kernel against the XLA (jnp) reference at verify shapes.
+
+For every (batch, new tokens Q, cache length) both are jitted, compiled, and timed (median of `repeats` calls).
+Every row's cache is full to the given length, so a call must read B * Hkv * length * D * 2 elements of K and V:
+that many bytes (plus q and the output) over the time is the achieved bandwidth, reported against the device's
+measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import ragged_attention
+from specformer_jax.bench.roofline import call_times, measure_device
+
+
+def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_kv_heads=8, head_dim=128,
+                         dtype="bfloat16", impl="pallas", repeats=20, log=sys.stderr) -> dict:
+    dt = jnp.dtype(dtype)
+    device = measure_device(dtype)
+    rows = []
+    for B in batch_sizes:
+        for Q in queries:
+            for S in cache_lens:
+                keys = jax.random.split(jax.random.key(0), 3)
+                q = jax.random.normal(keys[0], (B, Q, num_heads, head_dim), dt)
+                k = jax.random.normal(keys[1], (B, num_kv_heads, S, head_dim), dt)
+                v = jax.random.normal(keys[2], (B, num_kv_heads, S, head_dim), dt)
+                lengths = jnp.full((B,), S, jnp.int32)
+                times = {}
+                for name, which in (("reference", "reference"), ("kernel", impl)):
+                    fn = jax.jit(lambda q, k, v, lens, which=which: ragged_attention(q, k, v, lens, impl=which))
+                    times[name] = statistics.median(call_times(fn, (q, k, v, lengths), repeats))
+                moved = (2 * B * num_kv_heads * S + 2 * B * Q * num_heads) * head_dim * dt.itemsize
+                row = {"batch_size": B, "new_tokens": Q, "cache_len": S, "bytes": moved,
+                       "reference_seconds": times["reference"], "kernel_seconds": times["kernel"],
+                       "speedup": times["reference"] / times["kernel"],
+                       "kernel_gb_per_s": moved / times["kernel"] / 1e9,
+                       "fraction_of_copy_bandwidth": moved / times["kernel"] / 1e9 / device["copy_bandwidth_gb_per_s"]}
+                rows.append(row)
+                if log:
+                    print(f"specformer bench-kernels: B={B} Q={Q} S={S}: reference {1e6 * times['reference']:.0f} us, "
+                          f"kernel {1e6 * times['kernel']:.0f} us ({row['speedup']:.2f}x, "
+                          f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_copy_bandwidth']:.0f}% of copy)",
+                          file=log)
+    return {
+        "impl": impl, "dtype": dtype, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+        "repeats": repeats, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+        "device_measured": device,
+        "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
+        "results": rows,
+    }

@@ -1,0 +1,181 @@
+"""`--draft-len auto`: pick the number of drafts per round k (0 = plain decoding) for a batch size on this device.
+
+Cost model. One speculative round with k drafts runs one target forward over k + 1 tokens per row plus the drafter,
+and emits E(k) = 1 + c_1 + ... + c_k tokens per row on average, where c_i is the fraction of rounds in which slot i
+is accepted (the drafter's `acceptance_rate_per_slot`; a drafter with fewer slots drafts a prefix of the same slots,
+so c_i does not depend on k). A plain decoding step emits 1 token. With t_round(B, k) and t_step(B) measured on the
+current device at the batch size and cache length at hand,
+
+    predicted speedup(k) = E(k) * t_step(B) / t_round(B, k)
+
+and auto takes the k with the largest predicted speedup, or 0 unless that beats plain decoding by `margin`. The
+margin (15%) covers what the model leaves out: a static batch runs until its slowest row is done, and acceptance
+varies from row to row, so a batch needs more rounds than the mean acceptance says. On an H100 at batch 64 a
+predicted 1.13x came out at 0.99x. At small
+batch a round costs little more than a step (weights are read once for all k + 1 tokens), so drafting pays; at large
+batch the forward becomes compute bound, t_round grows ~ k + 1, and auto falls back to plain decoding.
+
+Measured times are cached on disk per device, model shape, batch size and cache length, so the measurement (a few
+compilations) happens once.
+
+Acceptance. Teacher-forced acceptance on the drafter's held-out data (recorded by training or `eval-drafter --save`)
+overstates what decoding achieves on other prompts. So every speculative `generate` call folds the acceptance it
+measured into a running per-drafter estimate on disk, and auto uses that once it exists (the teacher-forced numbers
+only for slots never drafted yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import jax
+
+from specformer_jax.checkpoints.default import cache_dir
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.errors import SpecformerError
+
+MARGIN = 0.15  # speculative decoding must be predicted at least this much faster to be chosen (see above)
+
+
+def drafter_acceptance(drafter: LoadedDrafter) -> list[float]:
+    """The drafter's recorded per-slot acceptance (from its training eval or `specformer eval-drafter --save`)."""
+    rates = (drafter.meta.get("eval") or {}).get("acceptance_rate_per_slot")
+    if not rates or len(rates) != drafter.cfg.num_slots:
+        raise SpecformerError("--draft-len auto needs the drafter's measured per-slot acceptance, which it does not "
+                              "record: run `specformer eval-drafter --drafter D --data DISTILLED_DIR --save` once")
+    return [float(r) for r in rates]
+
+
+def predicted_speedups(step_seconds: float, round_seconds: dict[int, float], acceptance: list[float]) -> dict[int, float]:
+    """speedup(k) = E(k) * t_step / t_round(k) for every measured k >= 1."""
+    return {k: (1.0 + sum(acceptance[:k])) * step_seconds / t for k, t in sorted(round_seconds.items())}
+
+
+def choose_draft_len(speedups: dict[int, float], margin: float = MARGIN) -> int:
+    """The k with the largest predicted speedup, or 0 (plain decoding) unless it is at least 1 + margin."""
+    best = max(speedups, key=speedups.get, default=0)
+    return best if best and speedups[best] >= 1.0 + margin else 0
+
+
+def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
+                  new_tokens: int = 64) -> dict:
+    """t_step (plain decoding) and t_round(k) for k = 1..K, timed on the real decoding loops (greedy, compiled, the
+    compilation left out): `batch_size` rows decode `new_tokens` tokens from prompts of cache_len - new_tokens / 2
+    tokens, so the cache holds cache_len tokens on average. EOS is switched off so every row runs the whole budget;
+    the time per loop iteration then includes everything a round does (verify, acceptance, drafting, bookkeeping)."""
+    from specformer_jax.decoding.api import generate  # api imports this module
+
+    no_eos = dataclasses.replace(model, eos_ids=())
+    prompt_len = max(1, cache_len - new_tokens // 2)
+    prompts = [[(31 * i + 7 * r + 1) % model.cfg.vocab_size for i in range(prompt_len)] for r in range(batch_size)]
+
+    def per_iteration(k: int) -> float:
+        run = lambda: generate(no_eos, prompts, max_new_tokens=new_tokens, batch_size=batch_size, drafter=drafter,
+                               draft_len=k, remember=False)
+        run()  # compile and warm up
+        stats = run().stats
+        return stats["run_seconds"] / max(stats["decode_steps"], 1)
+
+    return {"step_seconds": per_iteration(0),
+            "round_seconds": {k: per_iteration(k) for k in range(1, drafter.cfg.num_slots + 1)}}
+
+
+def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> str:
+    dev = jax.devices()[0]
+    parts = [dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size, cache_len]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def _read_table(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_table(path: Path, table: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> dict:
+    """measure_costs, cached on disk (SPECFORMER_CACHE/step_costs.json)."""
+    path = cache_dir() / "step_costs.json"
+    key = _cost_key(model, drafter, batch_size, cache_len)
+    table = _read_table(path)
+    if key in table:
+        c = table[key]
+        return {"step_seconds": c["step_seconds"], "round_seconds": {int(k): v for k, v in c["round_seconds"].items()}}
+    costs = measure_costs(model, drafter, batch_size, cache_len)
+    _write_table(path, {**table, key: costs})
+    return costs
+
+
+MAX_REMEMBERED_ROUNDS = 20_000  # older decoding is forgotten beyond this many rounds per slot, so the estimate follows use
+
+
+def _drafter_key(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> str:
+    first = jax.tree.leaves(drafter.params)[0]
+    parts = [repr(model.cfg), repr(drafter.cfg), drafter.meta.get("eval"), sampled,
+             hashlib.sha256(jax.device_get(first).tobytes()).hexdigest()]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def remember_acceptance(model: LoadedTarget, drafter: LoadedDrafter, rates: list[float], rounds: int,
+                        sampled: bool) -> None:
+    """Fold the per-slot acceptance measured while decoding (`rates` over `rounds` rounds; a prefix of the slots when
+    fewer were drafted) into the running estimate kept in SPECFORMER_CACHE/decode_acceptance.json."""
+    if rounds < 1:
+        return
+    path = cache_dir() / "decode_acceptance.json"
+    table = _read_table(path)
+    key = _drafter_key(model, drafter, sampled)
+    old = table.get(key, {"rates": [], "rounds": []})
+    pad = max(0, len(rates) - len(old["rates"]))
+    new_rates, new_rounds = old["rates"] + [0.0] * pad, old["rounds"] + [0] * pad
+    for i, r in enumerate(rates):
+        n_old = min(new_rounds[i], MAX_REMEMBERED_ROUNDS)
+        new_rates[i] = (new_rates[i] * n_old + r * rounds) / (n_old + rounds)
+        new_rounds[i] = n_old + rounds
+    _write_table(path, {**table, key: {"rates": new_rates, "rounds": new_rounds}})
+
+
+def decoding_acceptance(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> list[float]:
+    """Per-slot acceptance measured while decoding with this drafter (greedy or sampled), for the slots drafted so far."""
+    entry = _read_table(cache_dir() / "decode_acceptance.json").get(_drafter_key(model, drafter, sampled))
+    return list(entry["rates"]) if entry else []
+
+
+@dataclasses.dataclass
+class DraftLenChoice:
+    draft_len: int
+    predicted_speedup: dict[int, float]  # k -> predicted speedup over plain decoding
+    step_seconds: float
+    round_seconds: dict[int, float]
+    acceptance: list[float]  # per slot, as used for the prediction
+    acceptance_source: str  # "decoding" (measured while decoding), "teacher_forced" (eval), or "mixed"
+
+    def to_json(self) -> dict:
+        return {"draft_len": self.draft_len, "predicted_speedup": {str(k): round(v, 3) for k, v in
+                                                                   self.predicted_speedup.items()},
+                "step_seconds": self.step_seconds, "round_seconds": {str(k): v for k, v in self.round_seconds.items()},
+                "acceptance": [round(a, 4) for a in self.acceptance], "acceptance_source": self.acceptance_source}
+
+
+def auto_draft_len(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
+                   sampled: bool = False) -> DraftLenChoice:
+    measured = decoding_acceptance(model, drafter, sampled)
+    taught = drafter_acceptance(drafter)
+    acceptance = measured + taught[len(measured):]
+    source = "teacher_forced" if not measured else "decoding" if len(measured) == len(taught) else "mixed"
+    costs = measured_costs(model, drafter, batch_size, cache_len)
+    speedups = predicted_speedups(costs["step_seconds"], costs["round_seconds"], acceptance)
+    return DraftLenChoice(choose_draft_len(speedups), speedups, costs["step_seconds"], costs["round_seconds"],
+                          acceptance, source)

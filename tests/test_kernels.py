@@ -1,0 +1,190 @@
+"""Pallas ragged attention kernels against the jnp reference on CPU: the Triton-style GPU kernel under Pallas'
+generic interpreter, the Mosaic TPU kernel under the TPU interpreter; gradients through the dispatcher; lowering
+for TPU (jax.export) and CUDA without hardware; end-to-end speculative decoding on the kernels. On a GPU machine the
+compiled Triton kernel joins the same tests (`pytest tests/test_kernels.py -k compiled`), with a TF32 tolerance."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels import ragged_attention, ragged_attention_reference
+from pallas_kernels.gpu import ragged_attention_gpu
+from pallas_kernels.tpu import ragged_attention_tpu
+
+KERNELS = {
+    "gpu": lambda *a, **kw: ragged_attention_gpu(*a, interpret=True, **kw),
+    "tpu": lambda *a, **kw: ragged_attention_tpu(*a, interpret=pltpu.InterpretParams(uninitialized_memory="nan"), **kw),
+}
+ON_GPU = jax.default_backend() == "gpu"
+if ON_GPU:
+    KERNELS["gpu_compiled"] = ragged_attention_gpu
+GRAD_IMPLS = ["interpret", "interpret_tpu"] + (["pallas_compiled"] if ON_GPU else [])
+# Compiled on a GPU, float32 dots run in TF32 (the kernel's and XLA's alike): about 1e-3 relative error.
+TOLERANCE = {"gpu_compiled": dict(atol=3e-3, rtol=3e-3), "pallas_compiled": dict(atol=1e-2, rtol=5e-3)}
+
+# (B, Q, H, Hkv, S, D, causal, sliding_window, lengths): GQA ratios 1/3/8, head dims 64/128, Q = 1 (decode),
+# 5 and 9 (verify), 40 (chunked prefill); lengths from "only the new tokens" up to the full cache, ragged.
+CASES = [
+    (3, 5, 8, 8, 100, 64, True, None, [5, 64, 100]),
+    (2, 1, 6, 2, 130, 64, True, None, [1, 129]),
+    (3, 9, 24, 3, 150, 128, True, None, [9, 10, 150]),
+    (2, 9, 8, 1, 70, 64, False, None, [9, 70]),
+    (2, 5, 16, 2, 200, 128, False, None, [128, 129]),
+    (2, 40, 8, 8, 96, 64, True, None, [40, 96]),
+    (3, 5, 8, 1, 300, 64, True, 32, [5, 140, 300]),
+]
+
+
+def inputs(B, Q, H, Hkv, S, D, lengths, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((B, Q, H, D)), dtype)
+    k = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
+    v = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    stale = jnp.arange(S)[None, None, :, None] >= lengths[:, None, None, None]
+    return q, jnp.where(stale, jnp.nan, k), jnp.where(stale, jnp.nan, v), lengths  # NaN past every valid length
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}Q{}H{}kv{}S{}D{}{}{}".format(
+    *c[:6], "causal" if c[6] else "full", f"w{c[7]}" if c[7] else ""))
+def test_kernel_matches_reference(kernel, case):
+    B, Q, H, Hkv, S, D, causal, window, lengths = case
+    q, k, v, lens = inputs(B, Q, H, Hkv, S, D, lengths)
+    got = KERNELS[kernel](q, k, v, lens, causal=causal, sliding_window=window)
+    want = ragged_attention_reference(q, k, v, lens, causal=causal, sliding_window=window)
+    assert not jnp.isnan(got).any()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOLERANCE.get(kernel, dict(atol=2e-6, rtol=1e-5)))
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_kernel_bfloat16(kernel):
+    q, k, v, lens = inputs(2, 5, 8, 2, 160, 128, [5, 160], dtype=jnp.bfloat16)
+    got = KERNELS[kernel](q, k, v, lens).astype(jnp.float32)
+    want = ragged_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), lens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-2)
+
+
+GRAD_CASES = [  # (B, Q, H, Hkv, S, D, causal, window, lengths)
+    (2, 6, 4, 2, 40, 64, True, None, [6, 33]),  # verify-like, ragged
+    (2, 24, 6, 2, 24, 64, True, None, [24, 24]),  # training: the whole sequence is new (the drafter's context layer)
+    (2, 24, 8, 8, 70, 64, True, 8, [30, 70]),  # chunked prefill with a sliding window
+    (2, 5, 8, 1, 50, 128, False, None, [5, 50]),  # bidirectional inside the appended block
+]
+
+
+@pytest.mark.parametrize("impl", GRAD_IMPLS)
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_fused_backward_matches_the_reference_gradient(case, impl):
+    B, Q, H, Hkv, S, D, causal, window, lengths = case
+    q, k, v, lens = inputs(B, Q, H, Hkv, S, D, lengths, seed=1)
+    finite = lambda x: jnp.nan_to_num(x)  # the reference's own gradient is NaN-unsafe: give it a clean cache
+    w = jax.random.normal(jax.random.key(0), q.shape)
+
+    def loss(impl, k, v):
+        return lambda q: jnp.sum(w * ragged_attention(q, k, v, lens, causal=causal, sliding_window=window, impl=impl))
+
+    got = jax.grad(lambda q, k, v: loss(impl.removesuffix("_compiled"), k, v)(q), argnums=(0, 1, 2))(q, k, v)  # NaN past the lengths
+    want = jax.grad(lambda q, k, v: loss("reference", k, v)(q), argnums=(0, 1, 2))(q, finite(k), finite(v))
+    for name, g, r in zip("qkv", got, want):
+        assert not jnp.isnan(g).any(), name
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), err_msg=name,
+                                   **TOLERANCE.get(impl, dict(atol=2e-5, rtol=1e-4)))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled kernels need a GPU")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_compiled_backward_at_training_shapes(dtype):
+    """The drafter's context layer on SmolLM2 while training: 9 query heads over 3 KV heads, head dim 64, whole
+    512-token sequences. Large tiles here once overflowed the GPU's shared memory."""
+    q, k, v, lens = inputs(4, 512, 9, 3, 512, 64, [512, 300, 512, 17], dtype=dtype, seed=2)
+    w = jax.random.normal(jax.random.key(0), q.shape, jnp.float32)
+    up = lambda *xs: [x.astype(jnp.float32) for x in xs]
+    loss = lambda impl: lambda q, k, v: jnp.sum(w * ragged_attention(q, k, v, lens, impl=impl).astype(jnp.float32))
+    got = jax.grad(loss("pallas"), argnums=(0, 1, 2))(q, k, v)
+    with jax.default_matmul_precision("highest"):
+        want = jax.grad(loss("reference"), argnums=(0, 1, 2))(*up(q, jnp.nan_to_num(k), jnp.nan_to_num(v)))
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == jnp.float32 else dict(atol=0.3, rtol=0.1)
+    for name, g, r in zip("qkv", got, want):
+        assert not jnp.isnan(g).any(), name
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), err_msg=name, **tol)
+
+
+def test_bad_impls():
+    q, k, v, lens = inputs(2, 6, 4, 2, 40, 64, [6, 33])
+    with pytest.raises(ValueError, match="unknown attention impl"):
+        ragged_attention(q, k, v, lens, impl="fast")
+    with pytest.raises(ValueError, match="needs a TPU or a GPU"):
+        ragged_attention(q, k, v, lens, impl="pallas")  # this machine is a CPU
+
+
+def shapes(B, Q, H, Hkv, S, D, dtype=jnp.bfloat16):
+    return (jax.ShapeDtypeStruct((B, Q, H, D), dtype), jax.ShapeDtypeStruct((B, Hkv, S, D), dtype),
+            jax.ShapeDtypeStruct((B, Hkv, S, D), dtype), jax.ShapeDtypeStruct((B,), jnp.int32))
+
+
+@pytest.mark.parametrize("B,Q,H,Hkv,S,D", [(64, 5, 32, 8, 1024, 128), (8, 9, 9, 3, 1000, 64), (2, 256, 8, 8, 512, 128)])
+def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D):
+    exp = export.export(jax.jit(lambda *a: ragged_attention(*a, impl="pallas_tpu")), platforms=["tpu"])(
+        *shapes(B, Q, H, Hkv, S, D))
+    assert exp.mlir_module().count("tpu_custom_call") == 1
+    grad = jax.grad(lambda q, k, v, l: jnp.sum(ragged_attention(q, k, v, l, impl="pallas_tpu").astype(jnp.float32)),
+                    argnums=(0, 1, 2))
+    exp = export.export(jax.jit(grad), platforms=["tpu"])(*shapes(B, Q, H, Hkv, S, D))
+    assert exp.mlir_module().count("tpu_custom_call") == 3  # forward, dq, dk/dv
+    lowered = jax.jit(lambda *a: ragged_attention(*a, impl="pallas_gpu")).trace(*shapes(B, Q, H, Hkv, S, D)).lower(
+        lowering_platforms=("cuda",))
+    assert lowered.as_text().count("triton") == 1
+    grad = jax.grad(lambda q, k, v, l: jnp.sum(ragged_attention(q, k, v, l, impl="pallas_gpu").astype(jnp.float32)),
+                    argnums=(0, 1, 2))
+    lowered = jax.jit(grad).trace(*shapes(B, Q, H, Hkv, S, D)).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("triton") == 3  # forward, dq, dk/dv
+
+
+@pytest.mark.parametrize("impl", ["interpret", "interpret_tpu"])
+def test_speculative_decoding_on_the_kernels_gives_the_reference_tokens(tiny_checkpoints, impl):
+    from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.decoding.api import generate
+    from specformer_jax.modeling.drafter import init_drafter
+
+    prompts = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
+    ref = load_target(tiny_checkpoints["llama3"])
+    fast = load_target(tiny_checkpoints["llama3"], attention_impl=impl)
+    cfg = DrafterConfig(num_slots=3)
+    drafter = LoadedDrafter(cfg, init_drafter(ref.cfg, cfg, jax.random.key(0)), {})
+    want = generate(ref, prompts, max_new_tokens=12, drafter=drafter)
+    got = generate(fast, prompts, max_new_tokens=12, drafter=drafter)
+    assert got.token_ids == want.token_ids
+    assert got.stats["rounds"] == want.stats["rounds"]
+
+
+def test_pallas_on_a_cpu_is_a_clear_error(tiny_checkpoints, cli_error):
+    err = cli_error(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompt", "hi", "--attention-impl",
+                     "pallas"])
+    assert "needs a TPU or a GPU" in err
+
+
+def test_bench_kernels_cli_smoke(tmp_path, cli_error):
+    """The GPU benchmark command runs end to end (interpreted kernel, tiny shapes); timings here mean nothing."""
+    import json
+
+    from specformer_jax.cli import main
+
+    out = tmp_path / "k.json"
+    argv = ["bench-kernels", "--batch-sizes", "2", "--queries", "5", "--cache-lens", "64,130", "--heads", "4",
+            "--kv-heads", "2", "--head-dim", "64", "--dtype", "float32", "--impl", "interpret", "--repeats", "2",
+            "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("specformer bench-kernels") and doc["impl"] == "interpret"
+    assert [(r["new_tokens"], r["cache_len"]) for r in doc["results"]] == [(5, 64), (5, 130)]
+    assert doc["results"][1]["bytes"] == (2 * 2 * 2 * 130 + 2 * 2 * 5 * 4) * 64 * 4
+    assert "needs a TPU or a GPU" in cli_error(argv[:-6] + ["--impl", "pallas", "--out", str(out)])
+    assert "--queries" in cli_error(argv[:4] + ["--queries", "0"] + argv[6:])
