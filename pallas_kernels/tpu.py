@@ -168,6 +168,20 @@ def _params():
 _STATIC = ("causal", "sliding_window", "scale", "block_k", "interpret")
 
 
+def _block_specs(g: _Geometry, D: int):
+    """BlockSpecs over the grid (b, h, query block i, KV block j): a tile of packed query rows, its per-row
+    statistics, and the KV tile, whose index is clamped to the blocks row b's query block i can see, so no DMA is
+    issued past a row's length or before its sliding window."""
+
+    def kv_index(b, h, i, j, lens):
+        first, last = g.visible_blocks(lens[b], i)
+        return b, h, jnp.minimum(jnp.maximum(j, first), last), 0
+
+    rows = pl.BlockSpec((None, None, g.rows, D), lambda b, h, i, j, lens: (b, h, i, 0))
+    stat = pl.BlockSpec((None, None, g.rows, 1), lambda b, h, i, j, lens: (b, h, i, 0))
+    return rows, stat, pl.BlockSpec((None, None, g.block_k, D), kv_index)
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def ragged_attention_tpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, block_k=128,
                              interpret=None):
@@ -181,13 +195,7 @@ def ragged_attention_tpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=No
     R = g.rows
     nq, nk = qp.shape[2] // R, kp.shape[2] // block_k
 
-    def kv_index(b, h, i, j, lens):
-        first, last = g.visible_blocks(lens[b], i)
-        return b, h, jnp.minimum(jnp.maximum(j, first), last), 0
-
-    rows = pl.BlockSpec((None, None, R, D), lambda b, h, i, j, lens: (b, h, i, 0))
-    stat = pl.BlockSpec((None, None, R, 1), lambda b, h, i, j, lens: (b, h, i, 0))
-    kv = pl.BlockSpec((None, None, block_k, D), kv_index)
+    rows, stat, kv = _block_specs(g, D)
     o, lse = pl.pallas_call(
         functools.partial(_forward_kernel, g=g),
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype), jax.ShapeDtypeStruct(qp.shape[:3] + (1,), jnp.float32)],
@@ -215,13 +223,7 @@ def ragged_attention_tpu_bwd(residuals, do, *, num_heads, causal=True, sliding_w
     R = g.rows
     nq, nk = qp.shape[2] // R, kp.shape[2] // block_k
 
-    def kv_index(b, h, i, j, lens):
-        first, last = g.visible_blocks(lens[b], i)
-        return b, h, jnp.minimum(jnp.maximum(j, first), last), 0
-
-    rows = pl.BlockSpec((None, None, R, D), lambda b, h, i, j, lens: (b, h, i, 0))
-    stat = pl.BlockSpec((None, None, R, 1), lambda b, h, i, j, lens: (b, h, i, 0))
-    kv = pl.BlockSpec((None, None, block_k, D), kv_index)
+    rows, stat, kv = _block_specs(g, D)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, g=g),
         out_shape=jax.ShapeDtypeStruct(qp.shape, qp.dtype),

@@ -146,7 +146,7 @@ def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D):
     assert lowered.as_text().count("triton") == 3  # forward, dq, dk/dv
 
 
-@pytest.mark.parametrize("impl", ["interpret", "interpret_tpu"])
+@pytest.mark.parametrize("impl", ["interpret", pytest.param("interpret_tpu", marks=pytest.mark.slow)])
 def test_speculative_decoding_on_the_kernels_gives_the_reference_tokens(tiny_checkpoints, impl):
     from specformer_jax.checkpoints.drafter_io import LoadedDrafter
     from specformer_jax.checkpoints.loader import load_target

@@ -25,6 +25,7 @@ def run_with_8_devices(script: str, *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow  # about a minute on 2 cores (8 fake devices, several layouts)
 def test_sharded_train_step_equals_single_device():
     layouts = ["data=1", "data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"]
     out = run_with_8_devices("train_layouts.py", *layouts)
@@ -52,6 +53,7 @@ def test_mesh_specs():
             parse_mesh(bad)
 
 
+@pytest.mark.slow  # about 50 s on 2 cores
 def test_sharded_decoding_gives_the_unsharded_tokens():
     layouts = ["data=1", "data=8", "tensor=8", "data=2,tensor=4"]
     out = run_with_8_devices("decode_layouts.py", *layouts)

@@ -66,7 +66,7 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
 
 
 @pytest.mark.parametrize("rows", [1, 7])
-@pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
+@pytest.mark.parametrize("slot_attention", ["bidirectional", pytest.param("causal", marks=pytest.mark.slow)])
 def test_specformer_drafter_is_lossless(model, rows, slot_attention):
     cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
     drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(rows)), {})

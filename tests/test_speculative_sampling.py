@@ -86,6 +86,7 @@ def test_speculative_samples_follow_the_target_distribution(model, drafter):
     assert chi_square_pvalue(samples, joint) > 1e-3
 
 
+@pytest.mark.slow  # the power check of the test above: 20 s
 def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch):
     real = speculative._verify
 

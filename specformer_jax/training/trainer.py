@@ -21,7 +21,8 @@ from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import LoadedTarget, load_target
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
-from specformer_jax.parallel import batch_sharded, like_params, make_mesh, param_shardings, replicated
+from specformer_jax.parallel import (barrier, batch_sharded, like_params, make_mesh, param_shardings, put_global,
+                                     put_process_batch, replicated, to_host)
 from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
@@ -82,6 +83,13 @@ def _summaries(sums_list) -> dict:
     total = jax.tree.map(lambda *x: sum(x), *sums_list)
     m = metrics_from_sums(total)
     return {"loss": float(jnp.mean(m["loss_per_slot"])), **{k: np.asarray(v).tolist() for k, v in m.items()}}
+
+
+def _answer_tokens(host_batch: dict, placed: dict) -> int:
+    """Answer tokens in the global batch (with several processes, `host_batch` holds only this process's rows)."""
+    if jax.process_count() == 1:
+        return int(host_batch["label_mask"].sum())
+    return int(jnp.sum(placed["label_mask"]))
 
 
 def _jsonable(metrics: dict) -> dict:
@@ -166,7 +174,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     def run_eval(step: int) -> dict:
         if not evals:
             return {}
-        m = _summaries([eval_step(state.params, target.params, jax.device_put(b, batch_sharded(mesh))) for b in evals])
+        m = _summaries([eval_step(state.params, target.params, put_global(b, batch_sharded(mesh))) for b in evals])
         write({"split": "eval", "step": step, **m})
         if is_main:
             acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
@@ -182,15 +190,19 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         t0, tokens, since = time.perf_counter(), 0, step
         while step < cfg.steps:
             batch = next(data_iter)
-            state, metrics = train_step(state, target.params, jax.device_put(batch, batch_sharded(mesh)))
+            placed = put_process_batch(batch, mesh)  # this process's rows of the global batch
+            state, metrics = train_step(state, target.params, placed)
             step, data_state = step + 1, data_iter.get_state()
-            tokens += int(batch["label_mask"].sum())
+            tokens += _answer_tokens(batch, placed)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 metrics = _jsonable(metrics)
                 dt = time.perf_counter() - t0
                 write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt,
                        "seconds_per_step": dt / (step - since), **metrics})
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['accuracy_per_slot'][0]:.2f}")
+                if jax.process_count() > 1:  # every process reports the (global) loss it computed
+                    tqdm.write(f"specformer: process {jax.process_index()}/{jax.process_count()}: step {step} "
+                               f"loss {metrics['loss']:.6f}", file=sys.stderr)
                 t0, tokens, since = time.perf_counter(), 0, step
             if step % cfg.eval_every == 0:
                 last_eval = run_eval(step)
@@ -209,9 +221,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         save(step, state, data_state)
     if cfg.steps % cfg.eval_every:
         last_eval = run_eval(step)
-    log.close()
+    params = to_host(state.params)  # a collective with several processes: all take part, process 0 writes
     if is_main:
+        log.close()
         plot_training(out / "metrics.jsonl", out / "training_curve.png")
-        save_drafter(out / "drafter", cfg.drafter(), state.params, target.cfg,
+        save_drafter(out / "drafter", cfg.drafter(), params, target.cfg,
                      meta={"target_source": target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
     return {"step": step, "eval": last_eval, "state": state}
