@@ -12,7 +12,6 @@ tiles it sees; one kernel per KV tile accumulates dk and dv over all query block
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -20,34 +19,17 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.layout import next_pow2, pack_queries, pad_cache, unpack_output
+from pallas_kernels.layout import TileGeometry, next_pow2, pack_queries, pad_cache, unpack_output
 
 MAX_ROWS = 64  # packed query rows per tile
 
 
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    num_q: int  # real query tokens per row
-    group: int  # query heads per KV head, padded to a power of two
-    block_q: int  # query tokens per tile; rows per tile = block_q * group
-    block_k: int
-    causal: bool
-    window: int | None
-    scale: float
-
-    @property
-    def rows(self) -> int:
-        return self.block_q * self.group
-
+class _Geometry(TileGeometry):
     def row_positions(self, length, qb):
         """Absolute positions of the tile's rows, and the key range [lo, hi) the tile may see."""
         token = qb * self.block_q + jax.lax.shift_right_logical(
             jax.lax.broadcasted_iota(jnp.int32, (self.rows,), 0), self.group.bit_length() - 1)
-        q_pos = length - self.num_q + token
-        first = length - self.num_q + qb * self.block_q
-        hi = jnp.minimum(length, first + self.block_q) if self.causal else length
-        lo = jnp.maximum(first - self.window + 1, 0) if self.window else 0
-        return q_pos, lo, hi
+        return (length - self.num_q + token, *self.key_range(length, qb))
 
     def visible(self, q_pos, k_pos, length):
         vis = (k_pos < length)[None, :]

@@ -3,6 +3,8 @@ one tile, so every KV tile is read once per KV head (GQA) and the verify step's 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 
@@ -37,3 +39,29 @@ def pad_cache(k, v, block_k: int):
         widths = ((0, 0), (0, 0), (0, pad), (0, 0))
         k, v = jnp.pad(k, widths), jnp.pad(v, widths)
     return k, v
+
+
+@dataclasses.dataclass(frozen=True)
+class TileGeometry:
+    """How a row's Q new tokens are tiled: query blocks of block_q tokens x group heads (= rows), KV tiles of block_k
+    positions, and the mask (causal with offset or bidirectional, optional sliding window)."""
+
+    num_q: int  # real query tokens per row
+    group: int  # query heads per KV head, padded to a power of two
+    block_q: int  # query tokens per tile; rows per tile = block_q * group
+    block_k: int
+    causal: bool
+    window: int | None
+    scale: float
+
+    @property
+    def rows(self) -> int:
+        return self.block_q * self.group
+
+    def key_range(self, length, qb):
+        """[lo, hi): the key positions that query block qb of a row with `length` valid entries may see (its new
+        tokens sit at positions length - num_q + t)."""
+        first = length - self.num_q + qb * self.block_q
+        hi = jnp.minimum(length, first + self.block_q) if self.causal else length
+        lo = jnp.maximum(first - self.window + 1, 0) if self.window else 0
+        return lo, hi

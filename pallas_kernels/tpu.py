@@ -12,7 +12,6 @@ axis, skipping query blocks that cannot see the KV block.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -20,28 +19,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.layout import next_pow2, pack_queries, pad_cache, unpack_output
+from pallas_kernels.layout import TileGeometry, next_pow2, pack_queries, pad_cache, unpack_output
 
 
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    num_q: int
-    group: int  # query heads per KV head, padded to a power of two
-    block_q: int
-    block_k: int
-    causal: bool
-    window: int | None
-    scale: float
-
-    @property
-    def rows(self) -> int:
-        return self.block_q * self.group
-
+class _Geometry(TileGeometry):
     def visible_blocks(self, length, i):
         """[first, last] KV block indices that query block i of a row with `length` valid entries may see."""
-        first_pos = length - self.num_q + i * self.block_q
-        hi = jnp.minimum(length, first_pos + self.block_q) if self.causal else length
-        lo = jnp.maximum(first_pos - self.window + 1, 0) if self.window else 0
+        lo, hi = self.key_range(length, i)
         last = jax.lax.div(jnp.maximum(hi, 1) - 1, self.block_k)
         return jnp.minimum(jax.lax.div(lo, self.block_k), last), last
 

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.cli import main
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 

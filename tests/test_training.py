@@ -3,7 +3,6 @@ exported drafter are validated."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import jax
