@@ -243,7 +243,7 @@ def _add_train(sub):
 
 
 def _run_train(args) -> int:
-    from specformer_jax.parallel import initialize_distributed
+    from specformer_jax.distributed import initialize_distributed
     from specformer_jax.training.train_config import load_train_config
     from specformer_jax.training.trainer import train
 

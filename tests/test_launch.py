@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from specformer_jax.errors import SpecformerError
-from specformer_jax.parallel import DistributedSetup, distributed_setup
+from specformer_jax.distributed import DistributedSetup, distributed_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"

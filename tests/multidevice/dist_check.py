@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from specformer_jax.parallel import initialize_distributed
+from specformer_jax.distributed import initialize_distributed
 
 setup = initialize_distributed()  # before anything touches a device
 
