@@ -19,6 +19,7 @@ flash-style backward, attached as a custom VJP.
 
 from __future__ import annotations
 
+import functools
 
 import jax
 
@@ -52,22 +53,25 @@ def cache_block(impl: str, head_dim: int) -> int:
     return {"gpu": GPU_BLOCK_K, "interpret": GPU_BLOCK_K, "tpu": TPU_BLOCK_K, "interpret_tpu": TPU_BLOCK_K}.get(kernel, 1)
 
 
-def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto"):
+def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None):
     """q [B, Q, H, D]; k, v [B, Hkv, S, D]; lengths int32[B]: valid cache entries per row, the Q new tokens included
-    (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference` for the masks."""
+    (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference` for the masks.
+    num_splits: the GPU kernel's split-KV count (None: its own choice, `pallas_kernels.gpu.auto_num_splits`);
+    the other implementations ignore it."""
     kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
     kernel = resolve(impl, q.shape[-1])
     if kernel is None:
         return ragged_attention_reference(q, k, v, lengths, **kw)
-    return _kernel_attention(q, k, v, lengths, kernel, **kw)
+    return _kernel_attention(q, k, v, lengths, kernel, num_splits, **kw)
 
 
-def _kernel_attention(q, k, v, lengths, kernel: str, **kw):
+def _kernel_attention(q, k, v, lengths, kernel: str, num_splits, **kw):
     """A Pallas kernel's forward pass with its fused backward as the custom VJP."""
     if kernel in ("gpu", "interpret"):
-        from pallas_kernels.gpu import ragged_attention_gpu_bwd as backward, ragged_attention_gpu_fwd as forward
+        from pallas_kernels.gpu import ragged_attention_gpu_bwd as backward, ragged_attention_gpu_fwd
 
         kw = dict(kw, block_k=GPU_BLOCK_K, interpret=kernel == "interpret")
+        forward = functools.partial(ragged_attention_gpu_fwd, num_splits=num_splits)  # the backward needs no splits
     else:
         from jax.experimental.pallas import tpu as pltpu
 

@@ -1,10 +1,12 @@
 """Ragged verify/extend attention for GPUs: Pallas kernels lowered through Triton, forward and backward.
 
-Forward: grid (B, Hkv, query blocks). One program holds the packed rows (block_q tokens x G heads) of one KV head and
-walks the row's visible KV range in block_k tiles with an online softmax, also writing each row's log-sum-exp for
-the backward pass. The loop bounds come from the row's length (read from a tensor: GPU backends have no scalar
-prefetch), so tiles past the valid length or before a sliding window are never loaded. Keys and values past the
-length are zeroed before use (stale cache entries may hold NaN).
+Forward: grid (B, Hkv, query blocks[, KV splits]). One program holds the packed rows (block_q tokens x G heads) of
+one KV head and walks the row's visible KV range in block_k tiles with an online softmax, also writing each row's
+log-sum-exp for the backward pass. The loop bounds come from the row's length (read from a tensor: GPU backends have
+no scalar prefetch), so tiles past the valid length or before a sliding window are never loaded. Keys and values past
+the length are zeroed before use (stale cache entries may hold NaN). With few rows (small batches) that grid leaves
+most of the GPU idle, so the visible range is split across `num_splits` programs ("flash-decoding"); each writes its
+partial output and log-sum-exp, and XLA merges them.
 
 Backward (flash-attention style, from the saved log-sum-exp): one kernel per query block accumulates dq over the KV
 tiles it sees; one kernel per KV tile accumulates dk and dv over all query blocks, so no [T, S] matrix is stored.
@@ -22,6 +24,8 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.layout import TileGeometry, next_pow2, pack_queries, pad_cache, unpack_output
 
 MAX_ROWS = 64  # packed query rows per tile
+TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
+MIN_SPLIT_TILES = 2  # KV tiles per split, at least: fewer and the per-program cost and the merge dominate
 
 
 class _Geometry(TileGeometry):
@@ -48,7 +52,7 @@ class _Geometry(TileGeometry):
         return k, v, k_pos
 
 
-def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geometry):
+def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geometry, num_splits: int):
     b, qb = pl.program_id(0), pl.program_id(2)
     length = lengths_ref[b]
     q = q_ref[...]  # [R, D]
@@ -68,10 +72,37 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geo
 
     init = (jnp.full((g.rows,), -jnp.inf, jnp.float32), jnp.zeros((g.rows,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    m, l, acc = jax.lax.fori_loop(jax.lax.div(lo, g.block_k), jax.lax.div(hi + g.block_k - 1, g.block_k), body, init)
+    first, last = jax.lax.div(lo, g.block_k), jax.lax.div(hi + g.block_k - 1, g.block_k)
+    if num_splits > 1:  # each split takes its share of the visible tiles [first, last) (none: an empty split)
+        split, n = pl.program_id(3), jnp.maximum(last - first, 0)
+        first, last = first + jax.lax.div(n * split, num_splits), first + jax.lax.div(n * (split + 1), num_splits)
+    m, l, acc = jax.lax.fori_loop(first, last, body, init)
     empty = l == 0
     o_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, l)))
+    # A split that saw nothing must get no weight in the merge: -inf; the whole range empty gives lse 0 as before.
+    lse_ref[...] = jnp.where(empty, 0.0 if num_splits == 1 else -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+
+
+def _merge_splits(o, lse):
+    """Combine the splits' normalized outputs o [B, Hkv, N, rows, D] and log-sum-exps lse [B, Hkv, N, rows] (-inf:
+    the split saw nothing) into the output and lse of one pass over the whole range (0 and 0 where nothing is
+    visible at all)."""
+    m = jnp.max(lse, axis=2)
+    # decode_attention.py needs this barrier on the split maxima to avoid NaN after JIT (b/389925439); it is cheap.
+    m = jax.lax.optimization_barrier(jnp.where(m == -jnp.inf, 0.0, m))
+    w = jnp.exp(lse - m[:, :, None])  # [B, Hkv, N, rows]; 0 for empty splits
+    total = jnp.sum(w, axis=2)
+    empty = total == 0
+    out = jnp.sum(w[..., None] * o.astype(jnp.float32), axis=2) / jnp.where(empty, 1.0, total)[..., None]
+    return out.astype(o.dtype), jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, total)))
+
+
+def auto_num_splits(batch: int, kv_heads: int, q_blocks: int, kv_tiles: int) -> int:
+    """Splits of the KV range per (row, KV head, query block) when the caller gives none: enough that the grid has
+    about TARGET_PROGRAMS programs, but at least MIN_SPLIT_TILES tiles of the (padded) cache per split, and 1 when
+    the grid is already that large (batch 64 x 8 KV heads: splitting would only add the merge)."""
+    programs = max(batch * kv_heads * q_blocks, 1)
+    return max(1, min(-(-TARGET_PROGRAMS // programs), kv_tiles // MIN_SPLIT_TILES))
 
 
 def _probs(g: _Geometry, q, k, k_pos, q_pos, lse, length):
@@ -119,7 +150,7 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _geometry(q, k, causal, sliding_window, scale, block_k) -> _Geometry:
+def _geometry(q, k, causal, sliding_window, scale, block_k) -> _Geometry:  # q, k: arrays or shapes
     B, Q, H, D = q.shape
     group = next_pow2(H // k.shape[1])
     # 16..64 packed rows per tile: 16 is Triton's smallest dot; more rows overflow shared memory in the backward
@@ -137,24 +168,47 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, interpret, num_warps, nu
 _STATIC = ("causal", "sliding_window", "scale", "block_k", "interpret", "num_warps", "num_stages")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+def num_splits_for(q, k, *, block_k=64) -> int:
+    """The split count ragged_attention_gpu_fwd picks by itself for q [B, Q, H, D] and k [B, Hkv, S, D] (arrays or
+    ShapeDtypeStructs)."""
+    g = _geometry(q, k, True, None, None, block_k)
+    q_blocks = -(-q.shape[1] // g.block_q)
+    return auto_num_splits(q.shape[0], k.shape[1], q_blocks, -(-k.shape[2] // block_k))
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("num_splits",))
 def ragged_attention_gpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, block_k=64,
-                             interpret=False, num_warps=4, num_stages=2):
-    """Forward pass: (output [B, Q, H, D], residuals for ragged_attention_gpu_bwd)."""
+                             interpret=False, num_warps=4, num_stages=2, num_splits=None):
+    """Forward pass: (output [B, Q, H, D], residuals for ragged_attention_gpu_bwd). num_splits: programs per
+    (row, KV head, query block), each over its share of the visible KV tiles; None picks `auto_num_splits`. The
+    residuals are the same whatever the split count."""
     B, Q, H, D = q.shape
     Hkv = k.shape[1]
     g = _geometry(q, k, causal, sliding_window, scale, block_k)
     qp = pack_queries(q, Hkv, g.block_q, g.group)
     kp, vp = pad_cache(k, v, block_k)
     R, S, rows = g.rows, kp.shape[2], qp.shape[2]
-    tile = pl.BlockSpec((None, None, R, D), lambda b, h, i: (b, h, i, 0))
-    cache = pl.BlockSpec((None, None, S, D), lambda b, h, i: (b, h, 0, 0))
-    o, lse = _call(functools.partial(_forward_kernel, g=g), (B, Hkv, rows // R),
-                   [pl.BlockSpec((B,), lambda b, h, i: (0,)), tile, cache, cache],
-                   [tile, pl.BlockSpec((None, None, R), lambda b, h, i: (b, h, i))],
-                   [jax.ShapeDtypeStruct(qp.shape, q.dtype), jax.ShapeDtypeStruct((B, Hkv, rows), jnp.float32)],
-                   interpret, num_warps, num_stages, "ragged_attention_gpu")(lengths.astype(jnp.int32), qp, kp, vp)
-    return unpack_output(o, Q, H, g.group), (qp, kp, vp, lengths.astype(jnp.int32), o, lse)
+    N = auto_num_splits(B, Hkv, rows // R, S // block_k) if num_splits is None else num_splits
+    if N < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
+    lens = lengths.astype(jnp.int32)
+    # With splits, the outputs gain a split axis: each split's normalized output (in q's dtype, as decode_attention.py
+    # does: half the extra traffic of float32 at bfloat16) and lse, merged below. One split is the plain kernel.
+    split = (N,) if N > 1 else ()
+    squeezed = (None,) * (2 + len(split))
+    tile = pl.BlockSpec((None, None, R, D), lambda b, h, i, *s: (b, h, i, 0))
+    cache = pl.BlockSpec((None, None, S, D), lambda b, h, i, *s: (b, h, 0, 0))
+    name = "ragged_attention_gpu_split" if split else "ragged_attention_gpu"
+    o, lse = _call(functools.partial(_forward_kernel, g=g, num_splits=N), (B, Hkv, rows // R, *split),
+                   [pl.BlockSpec((B,), lambda *_: (0,)), tile, cache, cache],
+                   [pl.BlockSpec((*squeezed, R, D), lambda b, h, i, *s: (b, h, *s, i, 0)),
+                    pl.BlockSpec((*squeezed, R), lambda b, h, i, *s: (b, h, *s, i))],
+                   [jax.ShapeDtypeStruct((B, Hkv, *split, rows, D), q.dtype),
+                    jax.ShapeDtypeStruct((B, Hkv, *split, rows), jnp.float32)],
+                   interpret, num_warps, num_stages, name)(lens, qp, kp, vp)
+    if split:
+        o, lse = _merge_splits(o, lse)
+    return unpack_output(o, Q, H, g.group), (qp, kp, vp, lens, o, lse)
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads",) + _STATIC)

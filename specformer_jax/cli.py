@@ -205,6 +205,9 @@ def _add_distill(sub):
     p.add_argument("--batch-size", type=_positive_int, default=16)
     p.add_argument("--seed", type=int, default=0, help="seed of --builtin-prompts")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
+    p.add_argument("--for-eval", action="store_true",
+                   help="data to measure drafters on (a training run's eval_data, eval-drafter): evaluation prompts "
+                   "such as benchmarks/prompts.jsonl are allowed, and `specformer train` refuses it as training data")
     p.set_defaults(func=_run_distill)
 
 
@@ -218,7 +221,8 @@ def _run_distill(args) -> int:
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model)
     s = distill(
-        model, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, chat=not args.no_chat
+        model, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, chat=not args.no_chat,
+        purpose="eval" if args.for_eval else "train",
     )
     print(
         f"specformer: {s['num_prompts']} prompts distilled into {s['out_dir']} ({s['shards_written']} new shard(s), "
@@ -232,7 +236,8 @@ def _run_distill(args) -> int:
 def _add_train(sub):
     p = sub.add_parser("train", help="train a SpecFormer drafter", description="Train a drafter on distilled data.")
     p.add_argument("--config", type=Path, help="YAML of TrainConfig settings (see configs/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting (repeatable)")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override settings: --set steps=100 lr=3e-4 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under `out`")
     multi = p.add_argument_group("several processes (default: SPECFORMER_* environment, SLURM or TPU pod detection)")
     multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (SPECFORMER_COORDINATOR)")
@@ -264,7 +269,8 @@ def _add_eval_drafter(sub):
     p.add_argument("--drafter", required=True, help="a drafter directory (drafter.json + params.safetensors)")
     p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
     p.add_argument("--all", action="store_true",
-                   help="score every record (default: only those held out by the drafter's training split)")
+                   help="score every record (default: only those held out by the drafter's training split; "
+                   "every record of data distilled --for-eval)")
     p.add_argument("--seq-len", type=_positive_int, default=512)
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--save", action="store_true",
@@ -276,13 +282,13 @@ def _run_eval_drafter(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.training.data import is_eval_record
-    from specformer_jax.training.distill import read_distilled
+    from specformer_jax.training.distill import read_distilled, read_manifest
     from specformer_jax.training.evaluate import evaluate_drafter
 
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
     records = read_distilled(args.data)
-    if not args.all:
+    if not args.all and read_manifest(args.data).get("purpose") != "eval":  # --for-eval data is unseen: score all
         fraction = drafter.meta.get("train_config", {}).get("eval_fraction")
         if fraction is None:
             raise SpecformerError("the drafter records no training split: pass --all to score every record")

@@ -101,6 +101,19 @@ def test_evaluation_prompts_are_refused(model, tmp_path):
         distill(model, [[1, 2], "what is the  capital of France?"], tmp_path / "out", **KW)
 
 
+def test_data_for_evaluation_is_never_training_data(model, tmp_path):
+    out = tmp_path / "eval"
+    distill(model, PROMPTS, out, **KW, purpose="eval")
+    assert len(read_distilled(out)) == len(PROMPTS)  # for measuring drafters
+    with pytest.raises(SpecformerError, match="--for-eval"):
+        read_distilled(out, for_training=True)
+    with pytest.raises(SpecformerError, match="purpose: 'eval' there"):
+        distill(model, PROMPTS, out, **KW)  # no resuming it as training data either
+    # Evaluation prompts pass the check (this tokenizer-less model then stops at encoding them).
+    with pytest.raises(SpecformerError, match="has no tokenizer"):
+        distill(model, ["What is the capital of France?"], tmp_path / "e2", **KW, purpose="eval")
+
+
 def benchmark_prompts() -> set[str]:
     return {json.loads(line)["prompt"] for line in BENCHMARK.read_text().splitlines() if line.strip()}
 

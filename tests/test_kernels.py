@@ -13,7 +13,7 @@ from jax import export
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import ragged_attention, ragged_attention_reference
-from pallas_kernels.gpu import ragged_attention_gpu
+from pallas_kernels.gpu import auto_num_splits, num_splits_for, ragged_attention_gpu, ragged_attention_gpu_fwd
 from pallas_kernels.tpu import ragged_attention_tpu
 
 KERNELS = {
@@ -70,6 +70,60 @@ def test_kernel_bfloat16(kernel):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-2)
 
 
+# Split-KV (flash-decoding) forward: (B, Q, H, Hkv, S, D, causal, window, lengths). Rows of length 0 and 1 and rows
+# shorter than one split (most splits see nothing), GQA 1/8/3/4, head dims 64/128, both masks, a sliding window; the
+# automatic choice is 2 for most of these and 3 for the 384-entry cache (6 tiles: an uneven split).
+SPLIT_CASES = [
+    (4, 1, 8, 8, 256, 64, True, None, [0, 1, 70, 256]),
+    (3, 5, 24, 3, 300, 128, True, None, [5, 6, 300]),
+    (2, 9, 9, 3, 384, 64, False, None, [9, 257]),
+    (2, 5, 8, 2, 256, 64, True, 40, [5, 256]),
+]
+SPLIT_KERNELS = ["gpu"] + (["gpu_compiled"] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "B{}Q{}H{}kv{}S{}D{}{}{}".format(
+    *c[:6], "causal" if c[6] else "full", f"w{c[7]}" if c[7] else ""))
+def test_split_kv_matches_reference_and_keeps_the_residuals(kernel, case):
+    """Every split count gives the reference's output and the one-pass kernel's residuals (o, lse), which the
+    backward reads."""
+    B, Q, H, Hkv, S, D, causal, window, lengths = case
+    q, k, v, lens = inputs(B, Q, H, Hkv, S, D, lengths)
+    fwd = lambda n: ragged_attention_gpu_fwd(q, k, v, lens, causal=causal, sliding_window=window, num_splits=n,
+                                             interpret=kernel == "gpu")
+    want = ragged_attention_reference(q, k, v, lens, causal=causal, sliding_window=window)
+    tol = TOLERANCE.get(kernel, dict(atol=2e-6, rtol=1e-5))
+    _, (*_, o1, lse1) = fwd(1)
+    for n in dict.fromkeys((1, 2, 4, num_splits_for(q, k))):  # the automatic count, resolved: one compile fewer
+        got, (*_, o, lse) = fwd(n)
+        assert not jnp.isnan(got).any(), n
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), err_msg=f"num_splits={n}", **tol)
+        np.testing.assert_allclose(np.asarray(o), np.asarray(o1), err_msg=f"o, num_splits={n}", **tol)
+        np.testing.assert_allclose(np.asarray(lse), np.asarray(lse1), err_msg=f"lse, num_splits={n}", **tol)
+    assert not np.asarray(lse1)[np.asarray(lens) == 0].any()  # nothing visible: lse 0, as the backward expects
+
+
+def test_auto_num_splits():
+    # Llama-3-8B heads (8 KV heads), one query block, 64-position tiles: batch 64 already fills an H100 (512
+    # programs); batch 1 and 8 split to about 256 programs; SmolLM2 (3 KV heads) at 1k: capped at 2 tiles a split.
+    assert auto_num_splits(64, 8, 1, 128) == 1
+    assert auto_num_splits(1, 8, 1, 128) == 32
+    assert auto_num_splits(8, 8, 1, 64) == 4
+    assert auto_num_splits(1, 3, 1, 16) == 8
+    assert auto_num_splits(1, 8, 1, 1) == 1  # a single tile is never split
+    assert auto_num_splits(2, 8, 32, 8) == 1  # a prefill chunk has query blocks enough
+    for batch in (1, 2, 5, 64):
+        for tiles in (1, 2, 3, 7, 64, 1000):
+            n = auto_num_splits(batch, 3, 1, tiles)
+            assert 1 <= n <= max(1, tiles // 2) and (n == 1 or batch * 3 * (n - 1) < 256)
+    # From shapes: the cache is padded to whole tiles (1000 -> 16) and Q = 9 x 4 heads fill one 64-row block.
+    struct = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    assert num_splits_for(struct(1, 9, 32, 128), struct(1, 8, 1000, 128)) == 8
+    assert num_splits_for(struct(1, 5, 32, 128), struct(1, 8, 8192, 128)) == 32
+    assert num_splits_for(struct(64, 5, 32, 128), struct(64, 8, 8192, 128)) == 1
+
+
 GRAD_CASES = [  # (B, Q, H, Hkv, S, D, causal, window, lengths)
     (2, 6, 4, 2, 40, 64, True, None, [6, 33]),  # verify-like, ragged
     (2, 24, 6, 2, 24, 64, True, None, [24, 24]),  # training: the whole sequence is new (the drafter's context layer)
@@ -78,16 +132,15 @@ GRAD_CASES = [  # (B, Q, H, Hkv, S, D, causal, window, lengths)
 ]
 
 
-@pytest.mark.parametrize("impl", GRAD_IMPLS)
-@pytest.mark.parametrize("case", GRAD_CASES)
-def test_fused_backward_matches_the_reference_gradient(case, impl):
+def check_gradient(case, impl, num_splits=None):
     B, Q, H, Hkv, S, D, causal, window, lengths = case
     q, k, v, lens = inputs(B, Q, H, Hkv, S, D, lengths, seed=1)
     finite = lambda x: jnp.nan_to_num(x)  # the reference's own gradient is NaN-unsafe: give it a clean cache
     w = jax.random.normal(jax.random.key(0), q.shape)
 
     def loss(impl, k, v):
-        return lambda q: jnp.sum(w * ragged_attention(q, k, v, lens, causal=causal, sliding_window=window, impl=impl))
+        return lambda q: jnp.sum(w * ragged_attention(q, k, v, lens, causal=causal, sliding_window=window, impl=impl,
+                                                      num_splits=num_splits))
 
     got = jax.grad(lambda q, k, v: loss(impl.removesuffix("_compiled"), k, v)(q), argnums=(0, 1, 2))(q, k, v)  # NaN past the lengths
     want = jax.grad(lambda q, k, v: loss("reference", k, v)(q), argnums=(0, 1, 2))(q, finite(k), finite(v))
@@ -95,6 +148,21 @@ def test_fused_backward_matches_the_reference_gradient(case, impl):
         assert not jnp.isnan(g).any(), name
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), err_msg=name,
                                    **TOLERANCE.get(impl, dict(atol=2e-5, rtol=1e-4)))
+
+
+@pytest.mark.parametrize("impl", GRAD_IMPLS)
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_fused_backward_matches_the_reference_gradient(case, impl):
+    check_gradient(case, impl)
+
+
+@pytest.mark.parametrize("impl", ["interpret"] + (["pallas_compiled"] if ON_GPU else []))
+@pytest.mark.parametrize("case,num_splits", [
+    ((2, 6, 4, 2, 200, 64, True, None, [6, 180]), 4),  # verify-like, ragged: the short row leaves splits empty
+    ((2, 5, 8, 1, 256, 128, False, 24, [0, 250]), 3),  # bidirectional, window, a row with nothing visible
+])
+def test_split_kv_forward_keeps_the_fused_backward_exact(case, num_splits, impl):
+    check_gradient(case, impl, num_splits)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled kernels need a GPU")
@@ -128,8 +196,9 @@ def shapes(B, Q, H, Hkv, S, D, dtype=jnp.bfloat16):
             jax.ShapeDtypeStruct((B, Hkv, S, D), dtype), jax.ShapeDtypeStruct((B,), jnp.int32))
 
 
-@pytest.mark.parametrize("B,Q,H,Hkv,S,D", [(64, 5, 32, 8, 1024, 128), (8, 9, 9, 3, 1000, 64), (2, 256, 8, 8, 512, 128)])
-def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D):
+@pytest.mark.parametrize("B,Q,H,Hkv,S,D,splits", [(64, 5, 32, 8, 1024, 128, 1), (8, 9, 9, 3, 1000, 64, 8),
+                                                  (2, 256, 8, 8, 512, 128, 4)])
+def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D, splits):
     exp = export.export(jax.jit(lambda *a: ragged_attention(*a, impl="pallas_tpu")), platforms=["tpu"])(
         *shapes(B, Q, H, Hkv, S, D))
     assert exp.mlir_module().count("tpu_custom_call") == 1
@@ -140,6 +209,8 @@ def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D):
     lowered = jax.jit(lambda *a: ragged_attention(*a, impl="pallas_gpu")).trace(*shapes(B, Q, H, Hkv, S, D)).lower(
         lowering_platforms=("cuda",))
     assert lowered.as_text().count("triton") == 1
+    assert num_splits_for(*shapes(B, Q, H, Hkv, S, D)[:2]) == splits  # the GPU forward's own choice, lowered here
+    assert ("ragged_attention_gpu_split" in lowered.as_text()) == (splits > 1)
     grad = jax.grad(lambda q, k, v, l: jnp.sum(ragged_attention(q, k, v, l, impl="pallas_gpu").astype(jnp.float32)),
                     argnums=(0, 1, 2))
     lowered = jax.jit(grad).trace(*shapes(B, Q, H, Hkv, S, D)).lower(lowering_platforms=("cuda",))
@@ -178,13 +249,13 @@ def test_bench_kernels_cli_smoke(tmp_path, cli_error):
     from specformer_jax.cli import main
 
     out = tmp_path / "k.json"
-    argv = ["bench-kernels", "--batch-sizes", "2", "--queries", "5", "--cache-lens", "64,130", "--heads", "4",
+    argv = ["bench-kernels", "--batch-sizes", "2", "--queries", "5", "--cache-lens", "130,256", "--heads", "4",
             "--kv-heads", "2", "--head-dim", "64", "--dtype", "float32", "--impl", "interpret", "--repeats", "2",
             "--out", str(out)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["command"].startswith("specformer bench-kernels") and doc["impl"] == "interpret"
-    assert [(r["new_tokens"], r["cache_len"]) for r in doc["results"]] == [(5, 64), (5, 130)]
-    assert doc["results"][1]["bytes"] == (2 * 2 * 2 * 130 + 2 * 2 * 5 * 4) * 64 * 4
+    assert [(r["cache_len"], r["num_splits"]) for r in doc["results"]] == [(130, 1), (256, 2)]  # 4 tiles: 2 splits
+    assert doc["results"][0]["bytes"] == (2 * 2 * 2 * 130 + 2 * 2 * 5 * 4) * 64 * 4
     assert "needs a TPU or a GPU" in cli_error(argv[:-6] + ["--impl", "pallas", "--out", str(out)])
     assert "--queries" in cli_error(argv[:4] + ["--queries", "0"] + argv[6:])

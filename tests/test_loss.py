@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
-from specformer_jax.training.loss import chunked_slot_ce, slot_targets
+from specformer_jax.training.loss import chunked_slot_ce, slot_targets, slot_teacher_index, target_hidden
 
 TARGET = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=8)
@@ -54,3 +54,53 @@ def test_chunked_loss_and_gradient_equal_dense(chunk):
     g_dense = jax.grad(loss(lambda s: dense_sums(target_params, s, labels, weights)))(states)
     np.testing.assert_allclose(g_chunked, g_dense, rtol=1e-5, atol=1e-6)
     assert float(jnp.abs(g_dense[2]).max()) == 0.0  # the unsupervised row gets no gradient
+
+
+def dense_kl(target_params, states, teacher, weights):
+    head = lambda h, method: Target(TARGET).apply({"params": target_params}, h, method=method)
+    logq = jax.nn.log_softmax(head(states, Target.head), axis=-1)
+    logp = jax.nn.log_softmax(head(teacher, Target.logits), axis=-1)
+    return jnp.sum(weights * jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1), axis=(0, 1))
+
+
+@pytest.mark.parametrize("chunk", [7, 1000])
+def test_chunked_kl_and_gradient_equal_dense(chunk):
+    B, T, K = 2, 16, 3
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, TARGET.vocab_size, (B, T)), jnp.int32)
+    mask = np.zeros((B, T), np.int32)
+    mask[0, 4:] = 1
+    labels, weights = slot_targets(tokens, jnp.asarray(mask), K)
+    cache = KVCache.zeros(TARGET.num_layers, 1, 1, TARGET.num_kv_heads, TARGET.head_dim, TARGET.dtype)
+    target_params = Target(TARGET).init(jax.random.key(1), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
+    teacher = jax.random.normal(jax.random.key(4), (B, T, K, TARGET.hidden_size))
+
+    kl = lambda s: chunked_slot_ce(TARGET, target_params, s, labels, weights, chunk, teacher)["ce_sum"]
+    np.testing.assert_allclose(kl(states), dense_kl(target_params, states, teacher, weights), rtol=1e-5, atol=1e-6)
+    assert float(jnp.min(kl(states))) >= 0.0
+    g = jax.grad(lambda s: jnp.sum(kl(s)))(states)
+    g_dense = jax.grad(lambda s: jnp.sum(dense_kl(target_params, s, teacher, weights)))(states)
+    np.testing.assert_allclose(g, g_dense, rtol=1e-5, atol=1e-6)
+
+
+def test_kl_teacher_is_the_targets_distribution_for_the_slots_label():
+    """Under `kl`, slot i at t learns the target's distribution at t + 1 + i: on greedy text its argmax is exactly the
+    slot's CE label tokens[t + 2 + i]."""
+    cfg = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                       num_kv_heads=1, head_dim=8)
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+    params = Target(cfg).init(jax.random.key(5), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    tokens = [3, 17]
+    for _ in range(14):  # greedy continuation, one full forward per token
+        seq = jnp.asarray([tokens], jnp.int32)
+        logits = Target(cfg).apply({"params": params}, seq, target_cache(cfg, 1, len(tokens)))[0]
+        tokens.append(int(jnp.argmax(logits[0, -1])))
+    seq = jnp.asarray([tokens], jnp.int32)
+    T, K = seq.shape[1], 3
+    hidden = target_hidden(cfg, params, seq, (cfg.num_layers,))
+    teacher = hidden[cfg.num_layers][:, slot_teacher_index(T, K)]  # [1, T, K, d]
+    predicted = jnp.argmax(Target(cfg).apply({"params": params}, teacher, method=Target.logits), axis=-1)
+    labels, weights = slot_targets(seq, jnp.ones_like(seq), K)
+    assert int(jnp.sum(weights)) > 20
+    np.testing.assert_array_equal(np.where(weights > 0, predicted, -1), np.where(weights > 0, labels, -1))

@@ -3,6 +3,7 @@ exported drafter are validated."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -14,6 +15,8 @@ from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training import trainer
+from specformer_jax.training.distill import distill, read_distilled
+from specformer_jax.training.evaluate import evaluate_drafter
 from specformer_jax.training.train_config import TrainConfig, load_train_config
 
 
@@ -36,7 +39,7 @@ def config(tiny_checkpoints, tmp_path, **kw):
 
 @pytest.fixture
 def use_records(monkeypatch, records):
-    monkeypatch.setattr(trainer, "load_records", lambda _: records)
+    monkeypatch.setattr(trainer, "load_records", lambda *a, **k: records)
 
 
 def metrics(out, split="train"):
@@ -44,14 +47,36 @@ def metrics(out, split="train"):
     return [m for m in lines if m["split"] == split]
 
 
-def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records):
-    trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40), progress=False)
-    losses = [m["loss"] for m in metrics(tmp_path)]
+@pytest.mark.parametrize("objective", ["ce", "kl"])
+def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, objective):
+    trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective),
+                  progress=False)
+    train = metrics(tmp_path)
+    losses = [m["loss"] for m in train]
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:3])
+    assert np.mean([m["accuracy_per_slot"][0] for m in train[-5:]]) > np.mean([m["accuracy_per_slot"][0]
+                                                                               for m in train[:3]]) + 0.05
     ev = metrics(tmp_path, "eval")[-1]
     assert len(ev["accuracy_per_slot"]) == 3 and ev["expected_accepted_length"] >= 1.0
     assert (tmp_path / "drafter" / "params.safetensors").is_file()
+
+
+def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, records, monkeypatch):
+    model = load_target(tiny_checkpoints["llama3"])
+    unseen = [list(range(5 + i, 12 + 2 * i)) for i in range(8)]  # prompts the training records do not have
+    distill(model, unseen, tmp_path / "unseen", max_new_tokens=24, batch_size=8, progress=False, purpose="eval")
+    real = trainer.load_records
+    monkeypatch.setattr(trainer, "load_records",
+                        lambda d, for_training=True: records if for_training else real(d, False))
+    cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
+    params = trainer.train(cfg, progress=False)["state"].params
+    logged = metrics(tmp_path / "run", "eval")[-1]
+    drafter = dataclasses.replace(load_drafter(tmp_path / "run" / "drafter", model), params=params)
+    want = evaluate_drafter(model, drafter, read_distilled(tmp_path / "unseen"), seq_len=cfg.seq_len,
+                            batch_size=cfg.batch_size)
+    np.testing.assert_allclose(logged["accuracy_per_slot"], want["accuracy_per_slot"], atol=1e-4)
+    np.testing.assert_allclose(logged["expected_accepted_length"], want["expected_accepted_length"], atol=1e-4)
 
 
 class _FailingIterator:
@@ -106,6 +131,8 @@ def test_train_config_errors(tmp_path):
         load_train_config(good, ["steps=many"])
     with pytest.raises(SpecformerError, match="does not exist"):
         load_train_config(tmp_path / "nope.yaml")
+    with pytest.raises(SpecformerError, match="objective must be one of ce, kl"):
+        load_train_config(good, ["objective=mse"])
 
 
 def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):

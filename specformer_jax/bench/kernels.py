@@ -3,7 +3,8 @@
 For every (batch, new tokens Q, cache length) both are jitted, compiled, and timed (median of `repeats` calls).
 Every row's cache is full to the given length, so a call must read B * Hkv * length * D * 2 elements of K and V:
 that many bytes (plus q and the output) over the time is the achieved bandwidth, reported against the device's
-measured copy bandwidth.
+measured copy bandwidth. The GPU kernel runs with its own split-KV choice (`pallas_kernels.gpu.auto_num_splits`),
+recorded per shape as `num_splits` (null for kernels that do not split).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import ragged_attention
+from pallas_kernels import GPU_BLOCK_K, ragged_attention, resolve
 from specformer_jax.bench.roofline import call_times, measure_device
 
 
@@ -37,16 +38,22 @@ def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_
                 for name, which in (("reference", "reference"), ("kernel", impl)):
                     fn = jax.jit(lambda q, k, v, lens, which=which: ragged_attention(q, k, v, lens, impl=which))
                     times[name] = statistics.median(call_times(fn, (q, k, v, lengths), repeats))
+                splits = None
+                if resolve(impl, head_dim) in ("gpu", "interpret"):
+                    from pallas_kernels.gpu import num_splits_for
+
+                    splits = num_splits_for(q, k, block_k=GPU_BLOCK_K)
                 moved = (2 * B * num_kv_heads * S + 2 * B * Q * num_heads) * head_dim * dt.itemsize
-                row = {"batch_size": B, "new_tokens": Q, "cache_len": S, "bytes": moved,
+                row = {"batch_size": B, "new_tokens": Q, "cache_len": S, "num_splits": splits, "bytes": moved,
                        "reference_seconds": times["reference"], "kernel_seconds": times["kernel"],
                        "speedup": times["reference"] / times["kernel"],
                        "kernel_gb_per_s": moved / times["kernel"] / 1e9,
                        "fraction_of_copy_bandwidth": moved / times["kernel"] / 1e9 / device["copy_bandwidth_gb_per_s"]}
                 rows.append(row)
                 if log:
+                    split_note = f" in {splits} splits" if splits and splits > 1 else ""
                     print(f"specformer bench-kernels: B={B} Q={Q} S={S}: reference {1e6 * times['reference']:.0f} us, "
-                          f"kernel {1e6 * times['kernel']:.0f} us ({row['speedup']:.2f}x, "
+                          f"kernel {1e6 * times['kernel']:.0f} us{split_note} ({row['speedup']:.2f}x, "
                           f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_copy_bandwidth']:.0f}% of copy)",
                           file=log)
     return {

@@ -4,6 +4,9 @@ Layout of `out_dir`:
   manifest.json       the settings the data was made with, and which shards are done (`complete` once all are)
   shard-00000.jsonl   one record per prompt: {"index": i, "input_ids": prompt_ids + answer_ids, "prompt_len": n}
 
+Data made with `purpose="eval"` may hold evaluation prompts (benchmarks/prompts.jsonl) and serves only to measure a
+drafter (`eval_data` of a training run, `specformer eval-drafter`): training refuses it.
+
 Each shard and the manifest are replaced atomically, so an interrupted run leaves only whole shards behind and
 loses at most the shard it was working on. Running again with the same arguments skips the shards already there.
 """
@@ -31,7 +34,12 @@ FORMAT = "specformer-distill-v1"
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
 # throughput only, so a resumed run may use another one.
 SETTINGS = ("format", "model", "dtype", "vocab_size", "max_new_tokens", "chat", "shard_size", "num_prompts",
-            "prompts_sha256")
+            "prompts_sha256", "purpose")
+PURPOSES = ("train", "eval")
+
+
+def _setting(manifest: dict, key: str):
+    return manifest.get(key, "train" if key == "purpose" else None)  # manifests before "purpose" hold training data
 
 
 def shard_name(k: int) -> str:
@@ -103,9 +111,9 @@ def open_out_dir(out_dir: Path, settings: dict) -> None:
             raise SpecformerError(f"output directory {out_dir} is not empty and has no {MANIFEST}; pick a new --out")
         return
     for key in SETTINGS:
-        if old.get(key) != settings[key]:
+        if _setting(old, key) != settings[key]:
             raise SpecformerError(
-                f"{out_dir} holds distillation data made with other settings ({key}: {old.get(key)!r} there, "
+                f"{out_dir} holds distillation data made with other settings ({key}: {_setting(old, key)!r} there, "
                 f"{settings[key]!r} now); rerun with the original arguments to resume, or pick a new --out"
             )
 
@@ -135,8 +143,11 @@ def distill(
     chat: bool = True,
     shard_size: int = 64,
     progress: bool = True,
+    purpose: str = "train",
 ) -> dict:
     """Greedy-decode every prompt with the target and write the results as shards of `shard_size` prompts.
+
+    purpose: "train" (evaluation prompts refused) or "eval" (data to measure drafters on; training refuses it).
 
     Resumes when `out_dir` holds an unfinished run with the same settings; raises SpecformerError when it holds
     data made with other settings. Returns a summary of this run.
@@ -145,7 +156,10 @@ def distill(
         raise SpecformerError("no prompts given")
     if shard_size < 1:
         raise SpecformerError(f"shard_size must be >= 1, got {shard_size}")
-    check_not_evaluation(prompts)
+    if purpose not in PURPOSES:
+        raise SpecformerError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+    if purpose == "train":
+        check_not_evaluation(prompts)
     prompt_ids = encode_prompts(model, prompts, chat)
     check_fits(model, prompt_ids, max_new_tokens)
     out_dir = Path(out_dir)
@@ -159,6 +173,7 @@ def distill(
         "shard_size": shard_size,
         "num_prompts": len(prompt_ids),
         "prompts_sha256": prompts_sha256(prompt_ids),
+        "purpose": purpose,
     }
     open_out_dir(out_dir, settings)
     num_shards = -(-len(prompt_ids) // shard_size)
@@ -193,16 +208,20 @@ def distill(
     }
 
 
-def read_distilled(out_dir: str | Path, allow_partial: bool = False) -> list[dict]:
+def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_training: bool = False) -> list[dict]:
     """All records of a distillation run, in prompt order.
 
     Raises SpecformerError if the run is unfinished, unless allow_partial=True: then the records of the shards
-    done so far are returned (check `len(...)` against the manifest's num_prompts to tell).
+    done so far are returned (check `len(...)` against the manifest's num_prompts to tell). for_training: refuse
+    data made for evaluation (`purpose="eval"`).
     """
     out_dir = Path(out_dir)
     manifest = read_manifest(out_dir)
     if manifest is None:
         raise SpecformerError(f"{out_dir} has no {MANIFEST}; it is not the output of `specformer distill`")
+    if for_training and _setting(manifest, "purpose") != "train":
+        raise SpecformerError(f"{out_dir} was distilled with --for-eval: it may hold evaluation prompts and serves "
+                              "only to measure drafters (eval_data); train on data distilled without --for-eval")
     if not manifest["complete"] and not allow_partial:
         raise SpecformerError(
             f"{out_dir} is unfinished ({len(manifest['shards_done'])} of {manifest['num_shards']} shards); "

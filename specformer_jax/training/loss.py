@@ -1,5 +1,10 @@
-"""Drafter objective: per-slot cross-entropy against the target's own tokens, chunked so that the K x vocab logits of
-a whole batch never exist at once (the LM head + CE of one chunk at a time, recomputed in the backward pass)."""
+"""Drafter objective, chunked so that the K x vocab logits of a whole batch never exist at once (the LM head + loss of
+one chunk at a time, recomputed in the backward pass). Per slot, either
+
+  ce  cross-entropy against the target's own tokens (the paper's hard labels), or
+  kl  KL(target || drafter) against the target's full next-token distribution at the slot's position: slot i at t
+      learns the distribution the target gives at t + 1 + i, i.e. for token t + 2 + i (logit distillation).
+"""
 
 from __future__ import annotations
 
@@ -34,16 +39,23 @@ def target_hidden(target_cfg: TargetConfig, target_params, tokens, hooks):
     return jax.lax.stop_gradient(hidden)
 
 
+def slot_teacher_index(T: int, num_slots: int) -> jax.Array:
+    """int32[T, K]: the position whose target distribution slot i at t learns under `kl` (t + 1 + i, clipped)."""
+    return jnp.minimum(jnp.arange(T)[:, None] + 1 + jnp.arange(num_slots)[None, :], T - 1)
+
+
 def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T):
     return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T))[0]
 
 
-def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256):
-    """Sums over slots of weighted CE, correct top-1 and the leading-accepted count, per slot.
+def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None):
+    """Sums over slots of the weighted loss, correct top-1 and the leading-accepted count, per slot.
 
-    states [B, T, K, d], labels/weights [B, T, K]. Returns dict of float32 arrays: ce_sum [K], correct [K], count [K],
-    and accepted_sum / positions (leading correct slots per position, over positions whose K slots are all
-    supervised), accepted_at_least [K] (of those positions, how many have at least i + 1 leading correct slots).
+    states [B, T, K, d], labels/weights [B, T, K]. `teacher` [B, T, K, d]: the target's final-normed states whose
+    distributions the slots learn (KL); None: CE against `labels`. Returns dict of float32 arrays: ce_sum [K] (the
+    loss: CE or KL), correct [K], count [K], and accepted_sum / positions (leading correct slots per position, over
+    positions whose K slots are all supervised), accepted_at_least [K] (of those positions, how many have at least
+    i + 1 leading correct slots).
     """
     B, T, K, d = states.shape
     N = B * T
@@ -54,6 +66,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     chunks = N // chunk_positions + (pad > 0)
     xs = (flat(states).reshape(chunks, chunk_positions, K, d), flat(labels).reshape(chunks, chunk_positions, K),
           flat(weights).reshape(chunks, chunk_positions, K))
+    if teacher is not None:
+        xs += (flat(jax.lax.stop_gradient(teacher)).reshape(chunks, chunk_positions, K, d),)
 
     @jax.checkpoint
     def one(carry, x):
@@ -61,10 +75,15 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         return jax.tree.map(jnp.add, carry, sums), None
 
     def chunk_sums(x):
-        m, lab, w = x
-        logits = Target(target_cfg).apply({"params": target_params}, m, method=Target.head)  # [C, K, V] float32
+        m, lab, w = x[:3]
+        apply = lambda h, method: Target(target_cfg).apply({"params": target_params}, h, method=method)
+        logits = apply(m, Target.head)  # [C, K, V] float32
         lse = jax.nn.logsumexp(logits, axis=-1)
-        ce = lse - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        if teacher is None:
+            ce = lse - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        else:
+            logp = jax.nn.log_softmax(apply(x[3], Target.logits), axis=-1)  # teacher states are final-normed
+            ce = jnp.sum(jnp.exp(logp) * (logp - (logits - lse[..., None])), axis=-1)
         hit = (jnp.argmax(logits, axis=-1) == lab) & (w > 0)
         supervised = w > 0
         # accepted = leading run of correct slots, counted where the whole window is supervised
@@ -84,14 +103,23 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     return jax.lax.scan(one, zero, xs)[0]
 
 
+OBJECTIVES = ("ce", "kl")
+
+
 def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
-                 drafter_cfg: DrafterConfig, chunk_positions: int = 256):
-    """Mean over slots (1/K each) of the token-mean CE of that slot. Returns (loss, sums for metrics)."""
+                 drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce"):
+    """Mean over slots (1/K each) of the token-mean loss (`objective`: ce or kl) of that slot.
+    Returns (loss, sums for metrics)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
-    hidden = target_hidden(target_cfg, target_params, tokens, drafter_cfg.resolved_hooks(target_cfg))
-    states = slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T)
+    hooks = drafter_cfg.resolved_hooks(target_cfg)
+    final = target_cfg.num_layers  # hook index of the final-normed output
+    hidden = target_hidden(target_cfg, target_params, tokens, hooks + ((final,) if objective == "kl" else ()))
+    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T)
     labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)
-    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions)
+    teacher = hidden[final][:, slot_teacher_index(T, drafter_cfg.num_slots)] if objective == "kl" else None
+    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher)
     per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
     return jnp.mean(per_slot), sums
 

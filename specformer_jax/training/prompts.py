@@ -5,8 +5,10 @@ No evaluation set is used or copied (no HumanEval, MT-Bench, Alpaca-Eval, GSM8K,
 benchmarks/prompts.jsonl). Prompts that match an evaluation prompt are dropped (`builtin_prompts`) or refused
 (`specformer_jax.training.distill`), so the drafter is never trained on what it is measured on.
 
-Instruction templates are crossed with topic lists, with optional answer-style hints, to give a finite pool of a
-few thousand prompts; math word problems with random numbers are mixed in and take over when the pool runs out.
+Instruction templates are crossed with topic lists, with optional answer-style hints, to give a finite pool of about
+8,600 prompts (chat, how-things-work and why questions, writing, rewriting and translation, code in several
+languages, Python standard-library usage, SQL); math word problems with random numbers are mixed in and take over
+when the pool runs out.
 """
 
 from __future__ import annotations
@@ -38,6 +40,25 @@ CONCEPTS = [
     # health and the mind
     "sleep cycles", "muscle growth", "dietary fibre", "dehydration", "the placebo effect", "habit formation",
     "stress and the body", "human memory",
+    # more of everything, so the drafter sees many subjects rather than many answers about a few
+    "the water table", "the ozone layer", "continental drift", "the Doppler effect", "friction", "buoyancy",
+    "centripetal force", "the periodic table", "chemical bonds", "acids and bases", "enzymes", "mitochondria",
+    "the human heart", "the nervous system", "hormones", "allergies", "viruses and bacteria", "fermentation",
+    "erosion", "glaciers", "hurricanes", "lightning", "the northern lights", "comets", "exoplanets", "gravity waves",
+    "the Big Bang", "solar eclipses", "the seasons", "ocean currents", "desert ecosystems", "rainforests",
+    "food chains", "camouflage in animals", "hibernation", "symbiosis", "genetic mutations", "stem cells",
+    "operating systems", "virtual memory", "APIs", "cloud computing", "open-source software", "encryption at rest",
+    "two-factor authentication", "phishing", "load balancing", "message queues", "functional programming",
+    "object-oriented programming", "type systems", "concurrency", "deadlocks", "memory leaks", "code reviews",
+    "continuous integration", "technical debt", "microservices", "web browsers", "cookies on websites",
+    "machine learning", "overfitting in machine learning", "gradient descent", "search engines", "QR codes",
+    "Bluetooth", "3D printing", "electric motors", "transistors", "barcodes", "fibre-optic cables",
+    "taxes", "interest rates", "exchange rates", "insurance", "pensions", "small business loans", "marketing funnels",
+    "negotiation", "active listening", "critical thinking", "the scientific method", "logical fallacies",
+    "probability", "statistics in the news", "prime numbers", "fractions", "percentages", "geometry proofs",
+    "the Pythagorean theorem", "exponential growth", "democracy", "the rule of law", "urban planning",
+    "public transport", "recycling", "renewable energy", "water purification", "mindfulness", "motivation",
+    "procrastination", "introversion", "emotional intelligence", "learning styles", "spaced repetition",
 ]
 
 EVENTS = [
@@ -61,18 +82,29 @@ SKILLS = [
     "read more books in a year", "pack a suitcase for a two-week trip", "start meditating",
     "fix a dripping tap", "learn to play the guitar", "make cold brew coffee", "run an effective team meeting",
     "write a README for an open-source project", "prepare for a long-haul flight", "compost kitchen scraps",
+    "paint a room", "clean a cast-iron pan", "write a short speech for a wedding", "learn to swim as an adult",
+    "study for an exam in one week", "plan a week of meals", "start journaling", "improve my handwriting",
+    "organise digital photos", "set up a budget spreadsheet", "learn the basics of chess",
+    "care for a sourdough starter",
+    "choose a good running shoe", "start investing with a small amount", "write a haiku", "brew tea properly",
+    "fold a fitted sheet", "iron a shirt", "plan a hiking trip", "make friends in a new city", "reduce screen time",
+    "teach a child to ride a bike", "write unit tests for a Python module", "debug a slow web page",
+    "learn SQL from scratch", "prepare a tax return", "decorate a small balcony", "grow herbs on a windowsill",
 ]
 
 DISHES = [
     "a vegetable curry", "fluffy pancakes", "a lentil soup", "homemade pizza dough", "a Greek salad",
     "banana bread", "a mushroom risotto", "chicken stir-fry", "shakshuka", "guacamole", "a simple tomato sauce",
     "overnight oats", "a chickpea and spinach stew", "fried rice", "oatmeal cookies", "a bean chilli",
+    "a carrot cake", "hummus", "a vegetable omelette", "roasted vegetables", "a pasta salad", "pad thai",
+    "a fruit smoothie", "garlic bread", "a pumpkin soup", "apple crumble", "a potato gratin", "falafel",
 ]
 
 PLACES = [
     "Kyoto", "Lisbon", "the Scottish Highlands", "Mexico City", "Cape Town", "Iceland", "Vancouver",
     "Marrakech", "Hanoi", "the Amalfi Coast", "Buenos Aires", "Prague", "New Zealand's South Island",
-    "Istanbul", "Seoul", "the Norwegian fjords",
+    "Istanbul", "Seoul", "the Norwegian fjords", "Edinburgh", "Rome", "Barcelona", "Singapore", "Sydney",
+    "Patagonia", "Montreal", "Vienna", "Bali", "the Swiss Alps",
 ]
 
 PAIRS = [
@@ -82,7 +114,11 @@ PAIRS = [
     ("working from home", "working in an office"), ("trains", "planes for travel within Europe"),
     ("baking soda", "baking powder"), ("stocks", "bonds"), ("classical music", "jazz"), ("Linux", "Windows"),
     ("arrays", "linked lists"), ("threads", "processes"), ("cats", "dogs as pets"), ("solar power", "wind power"),
-    ("REST APIs", "GraphQL"), ("frozen vegetables", "fresh vegetables"),
+    ("REST APIs", "GraphQL"), ("frozen vegetables", "fresh vegetables"), ("a savings account", "a checking account"),
+    ("yoga", "pilates"), ("static typing", "dynamic typing"), ("a desktop computer", "a laptop"),
+    ("public schools", "private schools"), ("city life", "country life"),
+    ("Kotlin", "Java"), ("Rust", "C++"), ("Vim", "VS Code"), ("paper notebooks", "note-taking apps"),
+    ("leasing a car", "buying a car"), ("HTTP", "HTTPS"), ("RAM", "storage"), ("monoliths", "microservices"),
 ]
 
 STORY_SUBJECTS = [
@@ -93,6 +129,9 @@ STORY_SUBJECTS = [
     "a train that only runs at midnight", "a gardener who grows clocks", "the sound of the sea at night",
     "a time traveller stuck in a Tuesday", "a small boat in a storm", "a friendship between a fox and a crow",
     "moving to a new city", "the smell of fresh bread", "a detective who can hear colours",
+    "a girl who befriends a cloud", "the last bookshop in town", "a lost key", "an old man and his garden",
+    "a robot that wants to be a chef", "a mountain climber at dawn", "a message from the future",
+    "the night the power went out", "a street musician", "a secret door in a school", "a whale singing",
 ]
 
 MESSAGES = [
@@ -103,7 +142,9 @@ MESSAGES = [
     "requesting a refund for a damaged parcel", "introducing two colleagues who should meet",
     "asking a professor for a letter of recommendation", "cancelling a gym membership",
     "following up after a job interview", "announcing a change to the office opening hours",
-    "asking the team for feedback on a draft proposal",
+    "asking the team for feedback on a draft proposal", "inviting friends to a housewarming party",
+    "asking a colleague to review my code", "telling customers about a delayed delivery",
+    "thanking a mentor after a year of help", "asking a neighbour to keep the noise down",
 ]
 
 PROBLEMS = [
@@ -113,7 +154,9 @@ PROBLEMS = [
     "My code reviews take far too long", "I can never find time to exercise", "I forget the names of people I meet",
     "My team keeps missing deadlines", "I find it hard to say no to extra work", "My inbox is always overflowing",
     "I want to eat more vegetables but do not like most of them", "I feel lonely after moving to a new city",
-    "I get distracted by my phone all the time",
+    "I get distracted by my phone all the time", "I never drink enough water",
+    "My flatmate never does the dishes", "I feel stuck in my job", "I find it hard to start conversations",
+    "I worry too much about small things", "My back hurts after working at a desk",
 ]
 
 LISTABLES = [
@@ -125,7 +168,9 @@ LISTABLES = [
     "low-cost hobbies", "ways to cut down on plastic waste", "features of a good password",
     "stretches for people who sit all day", "ideas for a team-building afternoon", "reasons to learn some statistics",
     "ways to keep a long meeting on track", "healthy snacks for a road trip",
-    "skills every junior developer should learn",
+    "skills every junior developer should learn", "ways to save money on groceries",
+    "good habits for a new programmer", "fun facts about the ocean", "ideas for a science fair project",
+    "ways to welcome a new colleague", "tips for a first marathon", "things to do on a long train ride",
 ]
 
 CODE_TASKS = [
@@ -144,6 +189,15 @@ CODE_TASKS = [
     "computes the running total of a list of numbers", "returns the index of a target value using binary search",
     "compresses a string like 'aaabbc' into 'a3b2c1'", "finds the first character that does not repeat in a string",
     "sums the digits of an integer", "checks whether a number is a power of two",
+    "returns the words of a sentence in reverse order", "counts the lines in a text file",
+    "finds the most common element in a list", "converts a binary string to an integer",
+    "checks whether a list is sorted", "merges two dictionaries", "returns the intersection of two lists",
+    "generates a random password of a given length", "converts a date string to a weekday name",
+    "calculates the area of a circle", "finds all pairs in a list that sum to a target",
+    "removes all whitespace from a string", "returns the n largest numbers in a list",
+    "checks whether a number is an Armstrong number", "implements a simple stack",
+    "implements a queue with two stacks", "computes the Levenshtein distance between two strings",
+    "parses a CSV line into fields", "converts snake_case to camelCase", "shuffles a list in place",
 ]
 
 LANGUAGES = ["Python", "JavaScript", "TypeScript", "Go", "Rust", "Java", "C"]
@@ -201,6 +255,68 @@ SNIPPETS = [
     "    def pop(self):\n        return self._items.pop()",
 ]
 
+DEVICES = [
+    "a microwave oven", "a dishwasher", "a thermostat", "a smoke detector", "a bicycle's gears", "a car engine",
+    "a solar panel", "a wind turbine", "a digital camera", "a noise-cancelling headphone", "an electric kettle",
+    "a heat pump", "a lock and key", "a vacuum cleaner", "a credit card payment", "a search engine",
+    "a password manager", "a printer", "an elevator", "a hydroelectric dam", "a compass", "a sailboat",
+    "a mobile phone network", "Wi-Fi", "a hard drive", "an LED light bulb", "a toilet flush", "a parachute",
+]
+
+WHY_QUESTIONS = [
+    "the sky looks blue", "cats purr", "we get hiccups", "bread rises", "ice floats on water", "we dream",
+    "onions make people cry", "the Moon has craters", "some people are left-handed", "metal feels cold",
+    "we yawn", "the sea is salty", "planes leave white trails", "our voices sound different on recordings",
+    "leaves are green", "popcorn pops", "stars twinkle", "the ocean has waves", "coffee keeps people awake",
+    "birds fly south in winter", "our ears pop on a plane", "soap removes grease", "time zones exist",
+    "software has bugs", "batteries lose capacity over time", "some numbers are called irrational",
+]
+
+# Python standard-library functions and classes (names only; the prompts ask about their use).
+STDLIB = [
+    "itertools.groupby", "itertools.chain", "itertools.product", "itertools.accumulate", "itertools.islice",
+    "collections.defaultdict", "collections.Counter", "collections.deque", "collections.namedtuple",
+    "functools.reduce", "functools.partial", "functools.lru_cache", "functools.wraps", "operator.itemgetter",
+    "os.walk", "os.environ", "os.path.join", "pathlib.Path.glob", "pathlib.Path.read_text", "shutil.copytree",
+    "subprocess.run", "argparse.ArgumentParser", "logging.getLogger", "json.dumps", "json.load", "csv.DictReader",
+    "datetime.timedelta", "datetime.datetime.strptime", "time.perf_counter", "random.choice", "random.sample",
+    "statistics.median", "math.isclose", "decimal.Decimal", "fractions.Fraction", "re.sub", "re.findall",
+    "string.Template", "textwrap.dedent", "enumerate", "zip", "sorted with a key function", "dict.get",
+    "dict.setdefault", "str.join", "str.split", "str.format", "f-strings", "list slicing", "set operations",
+    "contextlib.contextmanager", "dataclasses.dataclass", "typing.Optional", "abc.ABC", "enum.Enum",
+    "threading.Thread", "concurrent.futures.ThreadPoolExecutor", "asyncio.gather", "queue.Queue",
+    "heapq.heappush", "bisect.bisect_left", "copy.deepcopy", "pickle.dumps", "sqlite3.connect", "unittest.TestCase",
+    "urllib.parse.urlparse", "hashlib.sha256", "base64.b64encode", "uuid.uuid4", "tempfile.TemporaryDirectory",
+    "zipfile.ZipFile", "glob.glob", "sys.argv", "the with statement", "generators and yield", "lambda functions",
+    "try/except/finally", "list.sort", "the walrus operator", "*args and **kwargs", "property decorators",
+]
+
+# (operation) for "In {language}, how do I ...?"
+LANGUAGE_HOWTOS = [
+    "read a file line by line", "sort a list of records by one field", "parse a JSON string", "handle errors",
+    "make an HTTP request", "write a unit test", "define a class with a constructor", "iterate over a map",
+    "format a date", "run two tasks concurrently", "split a string", "convert a string to a number",
+    "remove duplicates from an array", "read command-line arguments", "measure how long code takes to run",
+]
+
+SENTENCES = [
+    "me and him goes to the shop every days", "The meeting have been moved to tomorrow morning.",
+    "i think this report need more detail before we send it", "We was late because the train were cancelled.",
+    "Their going to finish the project next week.", "The data shows that sales has increased.",
+    "hey can u send me the files asap thx", "The product is good but it's price is too high.",
+    "We need to talk about the budget, it is a big problem.", "The cat sat quietly by the warm fire.",
+    "Learning a new language takes patience and daily practice.", "Our team shipped the new feature on time.",
+    "Please remember to lock the door when you leave.", "The weather was perfect for a walk in the park.",
+    "I would like to book a table for four people at eight.", "The software update fixed several security bugs.",
+]
+
+REWRITE_TEMPLATES = [
+    "Correct the grammar and spelling: \"{0}\"", "Rewrite this sentence to sound more formal: \"{0}\"",
+    "Rewrite this sentence in a friendly, casual tone: \"{0}\"", "Translate into French: \"{0}\"",
+    "Translate into Spanish: \"{0}\"", "Translate into German: \"{0}\"",
+    "Make this sentence shorter without losing its meaning: \"{0}\"",
+]
+
 # Appended to some prompts so answers vary in length and format, not only in topic.
 STYLES = ["", " Keep it under 100 words.", " Use a numbered list.", " Answer in two or three sentences."]
 
@@ -238,6 +354,14 @@ TOPIC_TEMPLATES = [
     ("Write a formal letter {0}.", MESSAGES, False),
     ("{0}. What can I do about it?", PROBLEMS, True),
     ("A friend tells me: '{0}.' What advice could I give?", PROBLEMS, True),
+    ("How does {0} work?", DEVICES, True),
+    ("Explain how {0} works to a curious child.", DEVICES, False),
+    ("What are the main parts of {0}, and what does each do?", DEVICES, False),
+    ("Why {0}?", WHY_QUESTIONS, True),
+    ("Can you explain why {0}?", WHY_QUESTIONS, False),
+    ("Show how to use Python's {0} with a short example.", STDLIB, False),
+    ("What does {0} do in Python, and when is it useful?", STDLIB, False),
+    ("Explain {0} in Python to someone who knows another language.", STDLIB, False),
     ("Write a SQL query that {0}.", SQL_TASKS, False),
     ("Write a SQL query that {0}, and explain each clause.", SQL_TASKS, False),
     ("This Python code should {0[0]}, but it does not work. Find the bug and fix it:\n\n```python\n{0[1]}\n```",
@@ -260,6 +384,8 @@ CODE_TEMPLATES = [
 
 LIST_TEMPLATES = ["List {n} {x}.", "Give me {n} {x}, with one sentence on each."]
 
+HOWTO_TEMPLATES = ["In {lang}, how do I {op}?", "Show me how to {op} in {lang}, with a short example."]
+
 
 def _topic_prompts() -> list[str]:
     out = []
@@ -275,7 +401,9 @@ def _pool() -> list[str]:
     pairs = [t.format(a, b) + style for t in PAIR_TEMPLATES for a, b in PAIRS for style in STYLES]
     code = [t.format(lang=lang, task=task) for t in CODE_TEMPLATES for lang in LANGUAGES for task in CODE_TASKS]
     lists = [t.format(n=n, x=x) for t in LIST_TEMPLATES for n in range(3, 9) for x in LISTABLES]
-    return _topic_prompts() + pairs + code + lists
+    howtos = [t.format(lang=lang, op=op) for t in HOWTO_TEMPLATES for lang in LANGUAGES for op in LANGUAGE_HOWTOS]
+    rewrites = [t.format(x) for t in REWRITE_TEMPLATES for x in SENTENCES]
+    return _topic_prompts() + pairs + code + lists + howtos + rewrites
 
 
 def _ages(younger: int, gap: int) -> str:

@@ -11,6 +11,7 @@ import yaml
 from pallas_kernels import IMPLS
 from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.training.loss import OBJECTIVES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +20,7 @@ class TrainConfig:
     data: str = ""  # directory written by `specformer distill`
     out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/
     eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
+    eval_data: str | None = None  # distilled data to evaluate on instead (e.g. `distill --for-eval` of unseen prompts)
     init_from: str | None = None  # a drafter directory to continue from (same drafter settings) instead of random init
     # drafter
     num_slots: int = 4
@@ -27,6 +29,7 @@ class TrainConfig:
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
+    objective: str = "ce"  # per-slot loss: ce (the target's tokens, as the paper) | kl (the target's distributions)
     # optimisation (defaults: the paper's released recipe: AdamW, eps 1e-2, 5% warm-up, cosine to 1e-5)
     steps: int = 1000
     lr: float = 5e-4
@@ -56,6 +59,8 @@ class TrainConfig:
         if not 0 <= self.eval_fraction < 1:
             raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
         self.drafter()  # validates num_slots / slot_attention
+        if self.objective not in OBJECTIVES:
+            raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.attention_impl not in IMPLS:
             raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 

@@ -57,7 +57,7 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
     """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
     the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel)."""
     loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
-                                    chunk_positions=cfg.chunk_positions)
+                                    chunk_positions=cfg.chunk_positions, objective=cfg.objective)
 
     def train_step(state: TrainState, target_params, batch):
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -96,12 +96,12 @@ def _jsonable(metrics: dict) -> dict:
     return {k: (np.asarray(v).tolist()) for k, v in metrics.items()}
 
 
-def load_records(data_dir: str) -> list[dict]:
+def load_records(data_dir: str, for_training: bool = True) -> list[dict]:
     from specformer_jax.training.distill import read_distilled
 
     if not data_dir:
         raise SpecformerError("no training data: set `data` to a directory written by `specformer distill`")
-    return read_distilled(Path(data_dir))
+    return read_distilled(Path(data_dir), for_training=for_training)
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
@@ -125,7 +125,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         raise SpecformerError(f"--resume: no checkpoint under {ckpt_dir}")
     records = load_records(cfg.data)
     train_recs = [r for r in records if not is_eval_record(r["index"], cfg.eval_fraction)]
-    eval_recs = [r for r in records if is_eval_record(r["index"], cfg.eval_fraction)]
+    eval_recs = ([r for r in records if is_eval_record(r["index"], cfg.eval_fraction)] if cfg.eval_data is None
+                 else load_records(cfg.eval_data, for_training=False))
     if len(train_recs) < cfg.batch_size:
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
     if cfg.batch_size % jax.process_count():
