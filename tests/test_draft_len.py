@@ -71,6 +71,11 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
         assert second["acceptance"][:k] == pytest.approx(measured[:k], abs=1e-4)
         assert second["acceptance_source"] == ("decoding" if k == 3 else "mixed")
 
+    # New decoding code (an upgrade, an edit) measures anew: its rounds may cost something else.
+    monkeypatch.setattr(dl, "code_fingerprint", lambda: "other code")
+    with pytest.raises(AssertionError, match="from the cache"):
+        generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto")
+
 
 def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))

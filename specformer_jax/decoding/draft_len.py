@@ -15,8 +15,9 @@ predicted 1.13x came out at 0.99x. At small
 batch a round costs little more than a step (weights are read once for all k + 1 tokens), so drafting pays; at large
 batch the forward becomes compute bound, t_round grows ~ k + 1, and auto falls back to plain decoding.
 
-Measured times are cached on disk per device, model shape, batch size and cache length, so the measurement (a few
-compilations) happens once.
+Measured times are cached on disk per device, model shape, batch size, cache length and version of the decoding code
+(a hash of its source), so the measurement (a few compilations) happens once per setup, and again after an upgrade
+that may change what a round costs.
 
 Acceptance. Teacher-forced acceptance on the drafter's held-out data (recorded by training or `eval-drafter --save`)
 overstates what decoding achieves on other prompts. So every speculative `generate` call folds the acceptance it
@@ -27,6 +28,7 @@ only for slots never drafted yet).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import jax
 
+import pallas_kernels
 from specformer_jax.checkpoints.default import cache_dir
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
@@ -85,9 +88,22 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
             "round_seconds": {k: per_iteration(k) for k in range(1, drafter.cfg.num_slots + 1)}}
 
 
+# The code a decoding round runs: its source is part of the cost cache's key.
+TIMED_CODE = [Path(__file__).parents[1] / d for d in ("decoding", "modeling")] + [Path(pallas_kernels.__file__).parent]
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for d in TIMED_CODE for p in d.glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> str:
     dev = jax.devices()[0]
-    parts = [dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size, cache_len]
+    parts = [dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size, cache_len,
+             code_fingerprint()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
