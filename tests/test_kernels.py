@@ -73,10 +73,11 @@ def test_kernel_bfloat16(kernel):
 # Split-KV (flash-decoding) forward: (B, Q, H, Hkv, S, D, causal, window, lengths). Rows of length 0 and 1 and rows
 # shorter than one split (most splits see nothing), GQA 1/8/3/4, head dims 64/128, both masks, a sliding window; the
 # automatic choice is 2 for most of these and 3 for the 384-entry cache (6 tiles: an uneven split).
+SLOW = pytest.mark.slow  # kept out of `make test` to fit CI's time; `make test-all` runs them
 SPLIT_CASES = [
     (4, 1, 8, 8, 256, 64, True, None, [0, 1, 70, 256]),
-    (3, 5, 24, 3, 300, 128, True, None, [5, 6, 300]),
-    (2, 9, 9, 3, 384, 64, False, None, [9, 257]),
+    pytest.param((3, 5, 24, 3, 300, 128, True, None, [5, 6, 300]), marks=SLOW),
+    pytest.param((2, 9, 9, 3, 384, 64, False, None, [9, 257]), marks=SLOW),
     (2, 5, 8, 2, 256, 64, True, 40, [5, 256]),
 ]
 SPLIT_KERNELS = ["gpu"] + (["gpu_compiled"] if ON_GPU else [])
@@ -150,13 +151,18 @@ def check_gradient(case, impl, num_splits=None):
                                    **TOLERANCE.get(impl, dict(atol=2e-5, rtol=1e-4)))
 
 
-@pytest.mark.parametrize("impl", GRAD_IMPLS)
-@pytest.mark.parametrize("case", GRAD_CASES)
+@pytest.mark.parametrize("impl,case", [
+    # the TPU interpreter is slow: its first case runs with the fast tests, the others with the slow ones
+    pytest.param(impl, case, marks=SLOW) if impl == "interpret_tpu" and i else (impl, case)
+    for impl in GRAD_IMPLS for i, case in enumerate(GRAD_CASES)])
 def test_fused_backward_matches_the_reference_gradient(case, impl):
     check_gradient(case, impl)
 
 
-@pytest.mark.parametrize("impl", ["interpret"] + (["pallas_compiled"] if ON_GPU else []))
+# Slow in interpret mode (~20 s); the split forward's residuals equal the unsplit ones (tested above), so the
+# backward cannot tell. Compiled on a GPU it runs with the fast tests.
+@pytest.mark.parametrize("impl", [pytest.param("interpret", marks=pytest.mark.slow)]
+                         + (["pallas_compiled"] if ON_GPU else []))
 @pytest.mark.parametrize("case,num_splits", [
     ((2, 6, 4, 2, 200, 64, True, None, [6, 180]), 4),  # verify-like, ragged: the short row leaves splits empty
     ((2, 5, 8, 1, 256, 128, False, 24, [0, 250]), 3),  # bidirectional, window, a row with nothing visible

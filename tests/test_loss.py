@@ -31,7 +31,7 @@ def dense_sums(target_params, states, labels, weights):
             "positions": jnp.sum(full).astype(jnp.float32)}
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 7, 64, 1000])
 def test_chunked_loss_and_gradient_equal_dense(chunk):
     B, T, K = 3, 20, 3
     rng = np.random.default_rng(0)
@@ -63,8 +63,7 @@ def dense_kl(target_params, states, teacher, weights):
     return jnp.sum(weights * jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1), axis=(0, 1))
 
 
-@pytest.mark.parametrize("chunk", [7, 1000])
-def test_chunked_kl_and_gradient_equal_dense(chunk):
+def test_chunked_kl_and_gradient_equal_dense(chunk=7):
     B, T, K = 2, 16, 3
     rng = np.random.default_rng(3)
     tokens = jnp.asarray(rng.integers(0, TARGET.vocab_size, (B, T)), jnp.int32)
@@ -85,22 +84,22 @@ def test_chunked_kl_and_gradient_equal_dense(chunk):
 
 
 def test_kl_teacher_is_the_targets_distribution_for_the_slots_label():
-    """Under `kl`, slot i at t learns the target's distribution at t + 1 + i: on greedy text its argmax is exactly the
-    slot's CE label tokens[t + 2 + i]."""
+    """Under `kl`, slot i at t learns the distribution the target gives at t + 1 + i: the distribution over token
+    t + 2 + i, the slot's CE label (so on greedy text the teacher's argmax is that label)."""
     cfg = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
                        num_kv_heads=1, head_dim=8)
     cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
     params = Target(cfg).init(jax.random.key(5), jnp.zeros((1, 1), jnp.int32), cache)["params"]
-    tokens = [3, 17]
-    for _ in range(14):  # greedy continuation, one full forward per token
-        seq = jnp.asarray([tokens], jnp.int32)
-        logits = Target(cfg).apply({"params": params}, seq, target_cache(cfg, 1, len(tokens)))[0]
-        tokens.append(int(jnp.argmax(logits[0, -1])))
-    seq = jnp.asarray([tokens], jnp.int32)
-    T, K = seq.shape[1], 3
-    hidden = target_hidden(cfg, params, seq, (cfg.num_layers,))
+    T, K = 12, 3
+    tokens = jax.random.randint(jax.random.key(6), (1, T), 0, cfg.vocab_size)
+    logits = Target(cfg).apply({"params": params}, tokens, target_cache(cfg, 1, T))[0][0]  # [T, V]
+    hidden = target_hidden(cfg, params, tokens, (cfg.num_layers,))
     teacher = hidden[cfg.num_layers][:, slot_teacher_index(T, K)]  # [1, T, K, d]
-    predicted = jnp.argmax(Target(cfg).apply({"params": params}, teacher, method=Target.logits), axis=-1)
-    labels, weights = slot_targets(seq, jnp.ones_like(seq), K)
-    assert int(jnp.sum(weights)) > 20
-    np.testing.assert_array_equal(np.where(weights > 0, predicted, -1), np.where(weights > 0, labels, -1))
+    taught = Target(cfg).apply({"params": params}, teacher, method=Target.logits)[0]  # [T, K, V]
+    labels, weights = slot_targets(tokens, jnp.ones_like(tokens), K)
+    for t in range(T):
+        for i in range(K):
+            if weights[0, t, i] > 0:  # supervised: position t + 1 + i exists and predicts the label
+                np.testing.assert_allclose(taught[t, i], logits[t + 1 + i], rtol=1e-5, atol=1e-5)
+                assert int(labels[0, t, i]) == int(tokens[0, t + 2 + i])
+    assert int(jnp.sum(weights)) == sum(max(0, T - 2 - i) for i in range(K))

@@ -101,7 +101,8 @@ class _FailingIterator:
         self.inner.set_state(s)
 
 
-@pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("node lost")])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(),
+                                 pytest.param(RuntimeError("node lost"), marks=pytest.mark.slow)])
 def test_interrupted_run_resumes_to_identical_parameters(tiny_checkpoints, tmp_path, use_records, monkeypatch, exc):
     full = trainer.train(config(tiny_checkpoints, tmp_path / "full"), progress=False)["state"].params
     real = trainer.training_batches
