@@ -188,7 +188,7 @@ def ragged_attention_gpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=No
     qp = pack_queries(q, Hkv, g.block_q, g.group)
     kp, vp = pad_cache(k, v, block_k)
     R, S, rows = g.rows, kp.shape[2], qp.shape[2]
-    N = auto_num_splits(B, Hkv, rows // R, S // block_k) if num_splits is None else num_splits
+    N = num_splits_for(q, k, block_k=block_k) if num_splits is None else num_splits
     if N < 1:
         raise ValueError(f"num_splits must be at least 1, got {num_splits}")
     lens = lengths.astype(jnp.int32)

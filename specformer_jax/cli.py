@@ -282,13 +282,13 @@ def _run_eval_drafter(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.training.data import is_eval_record
-    from specformer_jax.training.distill import read_distilled, read_manifest
+    from specformer_jax.training.distill import manifest_setting, read_distilled, read_manifest
     from specformer_jax.training.evaluate import evaluate_drafter
 
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
     records = read_distilled(args.data)
-    if not args.all and read_manifest(args.data).get("purpose") != "eval":  # --for-eval data is unseen: score all
+    if not args.all and manifest_setting(read_manifest(args.data), "purpose") != "eval":  # unseen data: score all
         fraction = drafter.meta.get("train_config", {}).get("eval_fraction")
         if fraction is None:
             raise SpecformerError("the drafter records no training split: pass --all to score every record")

@@ -38,7 +38,7 @@ SETTINGS = ("format", "model", "dtype", "vocab_size", "max_new_tokens", "chat", 
 PURPOSES = ("train", "eval")
 
 
-def _setting(manifest: dict, key: str):
+def manifest_setting(manifest: dict, key: str):
     return manifest.get(key, "train" if key == "purpose" else None)  # manifests before "purpose" hold training data
 
 
@@ -111,9 +111,10 @@ def open_out_dir(out_dir: Path, settings: dict) -> None:
             raise SpecformerError(f"output directory {out_dir} is not empty and has no {MANIFEST}; pick a new --out")
         return
     for key in SETTINGS:
-        if _setting(old, key) != settings[key]:
+        there = manifest_setting(old, key)
+        if there != settings[key]:
             raise SpecformerError(
-                f"{out_dir} holds distillation data made with other settings ({key}: {_setting(old, key)!r} there, "
+                f"{out_dir} holds distillation data made with other settings ({key}: {there!r} there, "
                 f"{settings[key]!r} now); rerun with the original arguments to resume, or pick a new --out"
             )
 
@@ -219,7 +220,7 @@ def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_trainin
     manifest = read_manifest(out_dir)
     if manifest is None:
         raise SpecformerError(f"{out_dir} has no {MANIFEST}; it is not the output of `specformer distill`")
-    if for_training and _setting(manifest, "purpose") != "train":
+    if for_training and manifest_setting(manifest, "purpose") != "train":
         raise SpecformerError(f"{out_dir} was distilled with --for-eval: it may hold evaluation prompts and serves "
                               "only to measure drafters (eval_data); train on data distilled without --for-eval")
     if not manifest["complete"] and not allow_partial:
