@@ -195,11 +195,10 @@ def _add_distill(sub):
         "JSONL shards. Rerun the same command to resume an interrupted run.",
     )
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--prompts", type=Path, metavar="F.jsonl", help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line'
-    )
-    source.add_argument("--builtin-prompts", type=_positive_int, metavar="N", help="N prompts from the built-in set")
+    p.add_argument("--prompts", type=Path, metavar="F.jsonl",
+                   help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line (e.g. from sample-prompts)')
+    p.add_argument("--builtin-prompts", type=_positive_int, metavar="N",
+                   help="N prompts from the built-in set (before those of --prompts when both are given)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (shards and manifest.json)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     p.add_argument("--batch-size", type=_positive_int, default=16)
@@ -216,8 +215,11 @@ def _run_distill(args) -> int:
     from specformer_jax.training.distill import distill
     from specformer_jax.training.prompts import builtin_prompts
 
+    if not args.prompts and not args.builtin_prompts:
+        raise SpecformerError("give --prompts F.jsonl, --builtin-prompts N, or both")
     # Read the prompts before loading the model, so a bad prompts file fails at once.
-    prompts = read_prompts_file(args.prompts) if args.prompts else builtin_prompts(args.builtin_prompts, args.seed)
+    prompts = builtin_prompts(args.builtin_prompts or 0, args.seed)
+    prompts += read_prompts_file(args.prompts) if args.prompts else []
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model)
     s = distill(
@@ -230,6 +232,39 @@ def _run_distill(args) -> int:
         f"{s['seconds']:.1f} s in all)",
         file=sys.stderr,
     )
+    return 0
+
+
+def _add_sample_prompts(sub):
+    p = sub.add_parser(
+        "sample-prompts",
+        help="sample training prompts from the model itself (user requests it writes)",
+        description="Prompt the model with its chat template up to a user turn and sample what the user says: distinct "
+        "finished requests, written to a JSONL file for `specformer distill --prompts`. Rerun to resume or extend.",
+    )
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+    p.add_argument("--num", type=_positive_int, required=True, metavar="N", help="number of distinct prompts")
+    p.add_argument("--out", type=Path, required=True, metavar="F.jsonl")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=_probability, default=0.95)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=96, help="longer requests are dropped")
+    p.add_argument("--batch-size", type=_positive_int, default=256)
+    p.set_defaults(func=_run_sample_prompts)
+
+
+def _run_sample_prompts(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.self_prompts import read_rounds, sample_prompts
+
+    if not args.temperature > 0:
+        raise SpecformerError(f"--temperature must be > 0 to sample, got {args.temperature}")
+    read_rounds(args.out)  # an unusable --out fails before the model loads
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    model = load_target(args.model)
+    prompts = sample_prompts(model, args.num, args.out, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    print(f"specformer: {len(prompts)} prompts in {args.out}", file=sys.stderr)
     return 0
 
 
@@ -424,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specformer", description="SpecFormer speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
+    _add_sample_prompts(sub)
     _add_distill(sub)
     _add_train(sub)
     _add_eval_drafter(sub)

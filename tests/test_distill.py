@@ -151,13 +151,23 @@ def test_cli_distill(tiny_checkpoints, tmp_path, capsys):
 
 
 
+def test_cli_distill_builtin_and_file_prompts_together(tiny_checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(prompts_mod, "builtin_prompts", lambda n, seed: [[1, 100 + i] for i in range(n)])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
+    argv = ["distill", "--model", str(tiny_checkpoints["llama3"]), "--prompts", str(prompts), "--builtin-prompts", "3",
+            "--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--batch-size", "2"]
+    assert main(argv) == 0
+    assert [r["input_ids"][: r["prompt_len"]] for r in read_distilled(tmp_path / "out")] == [
+        [1, 100], [1, 101], [1, 102], *PROMPTS]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--prompts", "{tmp}/missing.jsonl", "--out", "{tmp}/out"], "does not exist"),
         (["--prompts", "{tmp}/missing.jsonl"], "--out"),
-        (["--out", "{tmp}/out"], "--prompts"),
-        (["--prompts", "{tmp}/p.jsonl", "--builtin-prompts", "5", "--out", "{tmp}/out"], "not allowed with"),
+        (["--out", "{tmp}/out"], "give --prompts F.jsonl, --builtin-prompts N, or both"),
         (["--builtin-prompts", "0", "--out", "{tmp}/out"], "positive integer"),
         (["--builtin-prompts", "5", "--out", "{tmp}/out", "--model", "{ckpt}"], "has no tokenizer"),
     ],

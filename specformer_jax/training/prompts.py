@@ -442,7 +442,7 @@ def _word_problem(rng: random.Random) -> str:
     return rng.choice(problems)() + " Show your working."
 
 
-def _normalise(prompt: str) -> str:
+def normalise_prompt(prompt: str) -> str:
     # Case and spacing differences do not make an evaluation prompt a new prompt.
     return " ".join(prompt.split()).casefold()
 
@@ -455,12 +455,12 @@ def evaluation_prompts() -> frozenset[str]:
     for line in EVALUATION_PROMPTS.read_text().splitlines():
         rec = json.loads(line) if line.strip() else None
         if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
-            out.add(_normalise(rec["prompt"]))
+            out.add(normalise_prompt(rec["prompt"]))
     return frozenset(out)
 
 
 def is_evaluation_prompt(prompt: str, evaluation: frozenset[str]) -> bool:
-    return _normalise(prompt) in evaluation
+    return normalise_prompt(prompt) in evaluation
 
 
 MATH_EVERY = 8

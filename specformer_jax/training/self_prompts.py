@@ -1,0 +1,107 @@
+"""Training prompts sampled from the target itself: its chat template up to the start of a user turn, then sampling.
+
+An instruction-tuned model continues "<system turn><user turn start>" with a plausible user request (the idea of
+Magpie, Xu et al. 2024). Answering those requests greedily gives drafter training data drawn from the model's own
+chat distribution, in any number and without a dataset, where the built-in template prompts cover only the topics
+written into them.
+
+Output: a JSONL prompts file ({"prompt": text, "round": r} per line) that `specformer distill --prompts` reads. Each
+round samples one batch; the file is rewritten atomically after every round, so an interrupted run keeps its rounds
+and a rerun with the same arguments continues after the last one (round r always uses seed + r).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.decoding.api import generate
+from specformer_jax.errors import SpecformerError
+from specformer_jax.training.distill import write_atomic
+from specformer_jax.training.prompts import normalise_prompt, evaluation_prompts, is_evaluation_prompt
+
+SENTINEL = "\x00specformer-user-turn\x00"
+MIN_CHARS = 12
+MAX_EMPTY_ROUNDS = 8  # rounds in a row that add nothing: the model does not write usable requests
+
+
+def user_turn_prefix(model: LoadedTarget) -> list[int]:
+    """Token ids of the chat template up to where the user's message would start."""
+    tok = model.tokenizer
+    if tok is None or not tok.chat_template:
+        raise SpecformerError(f"{model.source} has no chat template: it cannot be prompted for user requests")
+    text = tok.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=True)
+    if SENTINEL not in text:
+        raise SpecformerError(f"the chat template of {model.source} does not show the user's message")
+    return tok.encode(text[: text.index(SENTINEL)], add_special_tokens=False)
+
+
+def usable(text: str, ids: list[int], eos_ids: tuple[int, ...]) -> bool:
+    """A finished request (the model ended the turn) of some substance."""
+    return bool(ids) and ids[-1] in eos_ids and len(text.strip()) >= MIN_CHARS
+
+
+def read_rounds(path: Path) -> tuple[list[dict], int]:
+    """(records, next round) of an earlier run's output file, or ([], 0)."""
+    if not path.is_file():
+        return [], 0
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+            records.append({"prompt": str(rec["prompt"]), "round": int(rec["round"])})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise SpecformerError(f"{path}:{n} is not a line written by sample-prompts; pick a new --out") from None
+    return records, max((r["round"] for r in records), default=-1) + 1
+
+
+def sample_prompts(
+    model: LoadedTarget,
+    num: int,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 96,
+    batch_size: int = 256,
+    progress: bool = True,
+) -> list[str]:
+    """Sample `num` distinct user requests from `model` into `out` (resuming an earlier run there); returns them."""
+    if num < 1:
+        raise SpecformerError(f"number of prompts must be >= 1, got {num}")
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        raise SpecformerError(f"output path {out} exists and is not a file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = user_turn_prefix(model)
+    records, round_ = read_rounds(out)
+    seen = {normalise_prompt(r["prompt"]) for r in records}
+    evaluation = evaluation_prompts()
+    empty = 0
+    with tqdm(total=num, initial=min(len(records), num), unit="prompt", file=sys.stderr, disable=not progress) as bar:
+        while len(records) < num:
+            result = generate(model, [prefix] * batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, seed=seed + round_, batch_size=batch_size, chat=False)
+            added = 0
+            for text, ids in zip(result.texts, result.token_ids):
+                key = normalise_prompt(text)
+                if len(records) < num and usable(text, ids, model.eos_ids) and key not in seen \
+                        and not is_evaluation_prompt(text, evaluation):
+                    seen.add(key)
+                    records.append({"prompt": text.strip(), "round": round_})
+                    added += 1
+            write_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
+            bar.update(added)
+            round_ += 1
+            empty = 0 if added else empty + 1
+            if empty >= MAX_EMPTY_ROUNDS:
+                raise SpecformerError(
+                    f"{MAX_EMPTY_ROUNDS} rounds of {batch_size} samples gave no finished, new request "
+                    f"({len(records)} of {num} so far, kept in {out}); try a larger --max-new-tokens"
+                )
+    return [r["prompt"] for r in records[:num]]

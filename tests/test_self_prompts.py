@@ -1,0 +1,73 @@
+"""`specformer sample-prompts`: user requests sampled from the default model, deduplicated, resumable, kept clean."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.cli import main
+from specformer_jax.errors import SpecformerError
+from specformer_jax.training import self_prompts as sp
+from specformer_jax.training.prompts import normalise_prompt
+
+KW = dict(max_new_tokens=48, batch_size=8, progress=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_target("default")
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_prefix_is_the_chat_template_up_to_the_user_message(model):
+    text = model.tokenizer.decode(sp.user_turn_prefix(model))
+    assert text.endswith("<|im_start|>user\n") and text.startswith("<|im_start|>system\n")
+
+
+@pytest.fixture(scope="module")
+def sampled(model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sampled") / "p.jsonl"
+    return out, sp.sample_prompts(model, 6, out, seed=3, **KW)
+
+
+def test_samples_are_finished_distinct_requests_and_a_rerun_extends_the_file(model, sampled):
+    out, first = sampled
+    assert len(first) == 6 and len({normalise_prompt(p) for p in first}) == 6
+    assert all(len(p) >= sp.MIN_CHARS and p == p.strip() for p in first)
+    assert [r["prompt"] for r in lines(out)] == first
+    more = sp.sample_prompts(model, 9, out, seed=3, **KW)  # resumes after the last round, keeps what is there
+    assert more[:6] == first and len(set(more)) == 9
+    assert min(r["round"] for r in lines(out)[6:]) > max(r["round"] for r in lines(out)[:6])
+
+
+def test_evaluation_prompts_are_never_kept(model, sampled, tmp_path, monkeypatch):
+    first = sampled[1][:2]  # the first samples of seed 3, now declared evaluation prompts
+    monkeypatch.setattr(sp, "evaluation_prompts", lambda: frozenset(normalise_prompt(p) for p in first))
+    again = sp.sample_prompts(model, 2, tmp_path / "b.jsonl", seed=3, **KW)
+    assert len(again) == 2 and not set(again) & set(first)
+
+
+def test_a_model_that_never_finishes_a_request_is_a_clear_error(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(sp, "MAX_EMPTY_ROUNDS", 2)
+    with pytest.raises(SpecformerError, match="no finished, new request"):
+        sp.sample_prompts(model, 3, tmp_path / "p.jsonl", seed=0, max_new_tokens=1, batch_size=4, progress=False)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num", "0", "--out", "{tmp}/p.jsonl"], "positive integer"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "--temperature must be > 0"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--model", "{ckpt}"], "has no chat template"),
+        (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
+    ],
+)
+def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n')
+    argv = ["sample-prompts", *(a.format(tmp=tmp_path, ckpt=tiny_checkpoints["llama3"]) for a in args)]
+    assert message in cli_error(argv)
