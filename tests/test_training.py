@@ -68,7 +68,7 @@ def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, reco
     distill(model, unseen, tmp_path / "unseen", max_new_tokens=24, batch_size=8, progress=False, purpose="eval")
     real = trainer.load_records
     monkeypatch.setattr(trainer, "load_records",
-                        lambda d, for_training=True: records if for_training else real(d, False))
+                        lambda d, setting="data", for_training=True: records if for_training else real(d, setting, False))
     cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
     params = trainer.train(cfg, progress=False)["state"].params
     logged = metrics(tmp_path / "run", "eval")[-1]
@@ -171,3 +171,14 @@ def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, 
     assert not np.array_equal(jax.tree.leaves(fresh)[0], jax.tree.leaves(params)[0])
     with pytest.raises(SpecformerError, match="drafter settings"):
         trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"), num_slots=2), target)
+
+
+def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):
+    model = load_target(tiny_checkpoints["llama3"])
+    distill(model, [[1, 5], [1, 6, 7]], tmp_path / "a", max_new_tokens=4, batch_size=2, progress=False)
+    distill(model, [[1, 9, 9]], tmp_path / "b", max_new_tokens=4, batch_size=2, progress=False)
+    both = trainer.load_records(f"{tmp_path / 'a'}, {tmp_path / 'b'}")
+    assert both == read_distilled(tmp_path / "a") + read_distilled(tmp_path / "b")
+    assert [r["index"] for r in both] == [0, 1, 0]  # each keeps its own indices, so its held-out split
+    with pytest.raises(SpecformerError, match="set `eval_data`"):
+        trainer.load_records(" , ", "eval_data")

@@ -17,7 +17,7 @@ from specformer_jax.training.loss import OBJECTIVES
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: str = "default"  # target: default | HF dir | .gguf
-    data: str = ""  # directory written by `specformer distill`
+    data: str = ""  # directory written by `specformer distill`; several: "dir1,dir2"
     out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/
     eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
     eval_data: str | None = None  # distilled data to evaluate on instead (e.g. `distill --for-eval` of unseen prompts)

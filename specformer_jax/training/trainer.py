@@ -96,12 +96,16 @@ def _jsonable(metrics: dict) -> dict:
     return {k: (np.asarray(v).tolist()) for k, v in metrics.items()}
 
 
-def load_records(data_dir: str, for_training: bool = True) -> list[dict]:
+def load_records(dirs: str, setting: str = "data", for_training: bool = True) -> list[dict]:
+    """The records of one directory written by `specformer distill`, or of several given as "dir1,dir2" (in order;
+    each keeps its own prompt indices, so its held-out split is the one eval-drafter uses on it alone)."""
     from specformer_jax.training.distill import read_distilled
 
-    if not data_dir:
-        raise SpecformerError("no training data: set `data` to a directory written by `specformer distill`")
-    return read_distilled(Path(data_dir), for_training=for_training)
+    paths = [d.strip() for d in (dirs or "").split(",") if d.strip()]
+    if not paths:
+        raise SpecformerError(f"no data: set `{setting}` to a directory written by `specformer distill` "
+                              "(several: dir1,dir2)")
+    return [r for d in paths for r in read_distilled(Path(d), for_training=for_training)]
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
@@ -126,7 +130,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     records = load_records(cfg.data)
     train_recs = [r for r in records if not is_eval_record(r["index"], cfg.eval_fraction)]
     eval_recs = ([r for r in records if is_eval_record(r["index"], cfg.eval_fraction)] if cfg.eval_data is None
-                 else load_records(cfg.eval_data, for_training=False))
+                 else load_records(cfg.eval_data, "eval_data", for_training=False))
     if len(train_recs) < cfg.batch_size:
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
     if cfg.batch_size % jax.process_count():
