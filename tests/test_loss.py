@@ -11,7 +11,8 @@ import pytest
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
-from specformer_jax.training.loss import chunked_slot_ce, slot_targets, slot_teacher_index, target_hidden
+from specformer_jax.training.loss import (chunked_slot_ce, replay_rounds, slot_targets, slot_teacher_index,
+                                         target_hidden)
 
 TARGET = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=8)
@@ -28,7 +29,7 @@ def dense_sums(target_params, states, labels, weights):
     return {"ce_sum": jnp.sum(weights * ce, axis=(0, 1)), "correct": jnp.sum(hit, axis=(0, 1)).astype(jnp.float32),
             "count": jnp.sum(weights, axis=(0, 1)), "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
             "accepted_at_least": jnp.stack([jnp.sum(full & (lead > i)) for i in range(K)]).astype(jnp.float32),
-            "positions": jnp.sum(full).astype(jnp.float32)}
+            "positions": jnp.sum(full).astype(jnp.float32), "lead": lead}
 
 
 @pytest.mark.parametrize("chunk", [7, 1000] + [pytest.param(c, marks=pytest.mark.slow) for c in (1, 64)])
@@ -43,9 +44,12 @@ def test_chunked_loss_and_gradient_equal_dense(chunk):
     cache = KVCache.zeros(TARGET.num_layers, 1, 1, TARGET.num_kv_heads, TARGET.head_dim, TARGET.dtype)
     target_params = Target(TARGET).init(jax.random.key(1), jnp.zeros((1, 1), jnp.int32), cache)["params"]
     states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
+    argmax = jnp.argmax(Target(TARGET).apply({"params": target_params}, states, method=Target.head), -1)
+    labels = jnp.where(jnp.asarray(rng.random((B, T, K)) < 0.6), argmax, labels)  # many right drafts, in runs
 
-    got = chunked_slot_ce(TARGET, target_params, states, labels, weights, chunk)
+    got = chunked_slot_ce(TARGET, target_params, states, labels, weights, chunk, per_position=True)
     want = dense_sums(target_params, states, labels, weights)
+    assert int(jnp.sum(want["lead"] > 1)) > 3  # the per-position check bites
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -103,3 +107,36 @@ def test_kl_teacher_is_the_targets_distribution_for_the_slots_label():
                 np.testing.assert_allclose(taught[t, i], logits[t + 1 + i], rtol=1e-5, atol=1e-5)
                 assert int(labels[0, t, i]) == int(tokens[0, t + 2 + i])
     assert int(jnp.sum(weights)) == sum(max(0, T - 2 - i) for i in range(K))
+
+
+def replay_reference(lead, mask):
+    """Decoding replayed in plain Python: first answer token from the target, then rounds from the last prompt position."""
+    emitted_total = rounds_total = 0
+    for row, m in zip(np.asarray(lead), np.asarray(mask)):
+        answer = int(m.sum())
+        if answer == 0:
+            continue
+        q, emitted = int(np.argmax(m)) - 1, 1
+        while emitted < answer:
+            n = int(row[q])
+            step = min(n + 1, answer - emitted)
+            emitted, q, rounds_total = emitted + step, q + n + 1, rounds_total + 1
+            emitted_total += step
+    return emitted_total, rounds_total
+
+
+def test_replayed_rounds_start_where_the_last_one_stopped():
+    rng = np.random.default_rng(3)
+    B, T, K = 6, 40, 4
+    mask = np.zeros((B, T), np.int32)
+    for b, (start, end) in enumerate([(5, 40), (10, 30), (0, 0), (39, 40), (20, 22), (1, 40)]):
+        mask[b, start:end] = 1
+    lead = rng.integers(0, K + 1, (B, T)).astype(np.int32)
+    emitted, rounds = replay_rounds(jnp.asarray(lead), jnp.asarray(mask))
+    assert (int(emitted), int(rounds)) == replay_reference(lead, mask)
+    # all drafts right: every round emits K + 1 tokens until the answer runs out; none right: one token per round
+    full = replay_rounds(jnp.full((B, T), K, jnp.int32), jnp.asarray(mask))
+    none = replay_rounds(jnp.zeros((B, T), jnp.int32), jnp.asarray(mask))
+    answers = mask.sum(1)
+    assert int(none[0]) == int(none[1]) == int(np.maximum(answers - 1, 0).sum())
+    assert int(full[1]) == int(sum(-(-(a - 1) // (K + 1)) for a in answers if a > 1))

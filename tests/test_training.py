@@ -182,3 +182,17 @@ def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):
     assert [r["index"] for r in both] == [0, 1, 0]  # each keeps its own indices, so its held-out split
     with pytest.raises(SpecformerError, match="set `eval_data`"):
         trainer.load_records(" , ", "eval_data")
+
+
+@pytest.mark.slow
+def test_decoding_accepted_length_is_what_speculative_decoding_reports(tmp_path):
+    from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER
+
+    model = load_target("default")
+    drafter = load_drafter(DEFAULT_DRAFTER, model)
+    prompts = ["Give me three tips for a tidy desk.", "What does a compiler do?", "Describe a rainy morning.", "Hi!"]
+    distill(model, prompts, tmp_path / "d", max_new_tokens=64, batch_size=4, progress=False, purpose="eval")
+    ev = evaluate_drafter(model, drafter, read_distilled(tmp_path / "d"), seq_len=512, batch_size=4)
+    spec = generate(model, prompts, max_new_tokens=64, batch_size=4, drafter=drafter, remember=False).stats
+    assert ev["decoding_accepted_length"] == pytest.approx(spec["mean_accepted_length"], abs=1e-4)
+    assert ev["decoding_accepted_length"] < ev["expected_accepted_length"]

@@ -3,6 +3,9 @@
 Expected accepted length = 1 + the mean, over answer positions whose K look-ahead tokens are all answer tokens, of the
 number of leading slots whose argmax equals the target's own next tokens. With greedy self-distilled data this is
 what greedy speculative decoding would accept per round (bonus token included), if rounds started at every position.
+Decoding accepted length replays decoding on the same text instead (rounds start where the last one stopped; see
+loss.replay_rounds): on greedy self-distilled data it equals the mean accepted length that greedy speculative decoding
+of those prompts reports, and it is the lower of the two.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
                      batch_size: int = 8, progress: bool = False) -> dict:
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
     step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
-                                                        drafter_cfg=drafter.cfg)[1])
+                                                        drafter_cfg=drafter.cfg, replay=True)[1])
     total = None
     for b in tqdm(batches, desc="eval", disable=not progress):
         sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
@@ -34,5 +37,6 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
         "accuracy_per_slot": np.asarray(m["accuracy_per_slot"]).round(4).tolist(),
         "acceptance_rate_per_slot": np.asarray(m["acceptance_rate_per_slot"]).round(4).tolist(),
         "expected_accepted_length": round(float(m["expected_accepted_length"]), 4),
+        "decoding_accepted_length": round(float(m["decoding_accepted_length"]), 4),
         "scored_positions": int(total["positions"]),
     }

@@ -48,14 +48,15 @@ def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T):
     return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T))[0]
 
 
-def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None):
+def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
+                    per_position: bool = False):
     """Sums over slots of the weighted loss, correct top-1 and the leading-accepted count, per slot.
 
     states [B, T, K, d], labels/weights [B, T, K]. `teacher` [B, T, K, d]: the target's final-normed states whose
     distributions the slots learn (KL); None: CE against `labels`. Returns dict of float32 arrays: ce_sum [K] (the
     loss: CE or KL), correct [K], count [K], and accepted_sum / positions (leading correct slots per position, over
     positions whose K slots are all supervised), accepted_at_least [K] (of those positions, how many have at least
-    i + 1 leading correct slots).
+    i + 1 leading correct slots). per_position: also "lead" int32[B, T], the leading correct slots at every position.
     """
     B, T, K, d = states.shape
     N = B * T
@@ -71,8 +72,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
 
     @jax.checkpoint
     def one(carry, x):
-        sums = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: zero, x)
-        return jax.tree.map(jnp.add, carry, sums), None
+        sums, lead = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: (zero, no_lead), x)
+        return jax.tree.map(jnp.add, carry, sums), lead if per_position else None
 
     def chunk_sums(x):
         m, lab, w = x[:3]
@@ -96,20 +97,49 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
             "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
             "accepted_at_least": jnp.sum(full[:, None] & (lead[:, None] > jnp.arange(K)), axis=0).astype(jnp.float32),
             "positions": jnp.sum(full).astype(jnp.float32),
-        }
+        }, lead
 
     zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
             "accepted_at_least": jnp.zeros(K), "positions": jnp.zeros(())}
-    return jax.lax.scan(one, zero, xs)[0]
+    no_lead = jnp.zeros((chunk_positions,), jnp.int32)
+    sums, leads = jax.lax.scan(one, zero, xs)
+    if per_position:
+        sums["lead"] = jnp.zeros((N,), jnp.int32).at[order].set(leads.reshape(-1)[:N]).reshape(B, T)
+    return sums
+
+
+def replay_rounds(lead: jax.Array, label_mask: jax.Array):
+    """Greedy speculative decoding replayed on self-distilled answers: (tokens emitted by rounds, rounds), summed over
+    rows. lead [B, T]: leading correct slots of the drafter at each position (chunked_slot_ce per_position).
+
+    As in decoding, the target emits the first answer token, the drafter drafts from the last prompt position, and
+    each round accepts lead[q] drafts plus the target's token, so the next round starts lead[q] + 1 positions on.
+    Rounds thus skip the positions inside accepted runs, which an average over all positions counts as well: on
+    text with easy and hard stretches that average overstates what decoding accepts.
+    """
+    B, T = lead.shape
+    answer = jnp.sum(label_mask, axis=1).astype(jnp.int32)
+    start = jnp.argmax(label_mask, axis=1).astype(jnp.int32)
+
+    def body(c):
+        q, emitted, rounds = c
+        live = emitted < answer
+        n = jnp.take_along_axis(lead, jnp.clip(q, 0, T - 1)[:, None], axis=1)[:, 0]
+        step = jnp.minimum(n + 1, answer - emitted)
+        return (jnp.where(live, q + n + 1, q), jnp.where(live, emitted + step, emitted), rounds + live)
+
+    c0 = (start - 1, jnp.minimum(answer, 1), jnp.zeros((B,), jnp.int32))
+    _, emitted, rounds = jax.lax.while_loop(lambda c: jnp.any(c[1] < answer), body, c0)
+    return (jnp.sum(emitted - jnp.minimum(answer, 1)).astype(jnp.float32), jnp.sum(rounds).astype(jnp.float32))
 
 
 OBJECTIVES = ("ce", "kl")
 
 
 def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
-                 drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce"):
+                 drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False):
     """Mean over slots (1/K each) of the token-mean loss (`objective`: ce or kl) of that slot.
-    Returns (loss, sums for metrics)."""
+    Returns (loss, sums for metrics). replay: also the sums of `replay_rounds` (for evaluation: it is sequential)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
@@ -119,7 +149,9 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T)
     labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)
     teacher = hidden[final][:, slot_teacher_index(T, drafter_cfg.num_slots)] if objective == "kl" else None
-    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher)
+    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay)
+    if replay:
+        sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
     per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
     return jnp.mean(per_slot), sums
 
@@ -133,4 +165,5 @@ def metrics_from_sums(sums) -> dict:
         "expected_accepted_length": 1.0 + sums["accepted_sum"] / jnp.maximum(sums["positions"], 1.0),
         # teacher-forced counterpart of the decoding stat: fraction of rounds in which slot i would be accepted
         "acceptance_rate_per_slot": sums["accepted_at_least"] / jnp.maximum(sums["positions"], 1.0),
-    }
+    } | ({"decoding_accepted_length": sums["replay_emitted"] / jnp.maximum(sums["replay_rounds"], 1.0)}
+         if "replay_rounds" in sums else {})

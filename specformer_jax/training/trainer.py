@@ -69,7 +69,7 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
         return TrainState(state.step + 1, params, opt_state), out
 
     def eval_step(params, target_params, batch):
-        return loss_fn(params, target_params, batch["tokens"], batch["label_mask"])[1]
+        return loss_fn(params, target_params, batch["tokens"], batch["label_mask"], replay=True)[1]
 
     rep, data = replicated(mesh), batch_sharded(mesh)
     state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
@@ -184,7 +184,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         if is_main:
             acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
             tqdm.write(f"eval step {step}: loss {m['loss']:.4f}, accuracy per slot [{acc}], "
-                       f"expected accepted length {m['expected_accepted_length']:.3f}")
+                       f"expected accepted length {m['expected_accepted_length']:.3f} (in decoding "
+                       f"{m['decoding_accepted_length']:.3f})")
         return m
 
     step = int(state.step)
