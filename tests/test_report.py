@@ -25,7 +25,7 @@ def target_params(cfg):
     return Target(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tied", [pytest.param(False, marks=pytest.mark.slow), True])  # untied: slow, for CI time
 def test_model_facts_count_the_real_parameters(tied):
     cfg = TargetConfig(**{**CFG.__dict__, "tie_embeddings": tied})
     params = target_params(cfg)
