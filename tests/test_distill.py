@@ -70,6 +70,20 @@ def test_resume_after_interruption_gives_the_same_files(model, tmp_path, monkeyp
     assert dir_contents(tmp_path / "resumed") == dir_contents(tmp_path / "whole")
 
 
+def test_a_batch_larger_than_a_shard_decodes_several_shards_together(model, tmp_path, monkeypatch):
+    distill(model, PROMPTS, tmp_path / "by_shard", **KW)
+    sizes = []
+
+    def counting_generate(model, prompts, **kwargs):
+        sizes.append((len(prompts), kwargs["batch_size"]))
+        return generate(model, prompts, **kwargs)
+
+    monkeypatch.setattr(distill_mod, "generate", counting_generate)
+    distill(model, PROMPTS, tmp_path / "batched", **{**KW, "batch_size": 4})
+    assert sizes == [(4, 4), (2, 4)]  # shards 0-1 in one batch, then shard 2
+    assert dir_contents(tmp_path / "batched") == dir_contents(tmp_path / "by_shard")
+
+
 def test_finished_run_is_not_redone(model, tmp_path, monkeypatch):
     distill(model, PROMPTS, tmp_path / "out", **KW)
     monkeypatch.setattr(distill_mod, "generate", lambda *a, **k: pytest.fail("generate called for a finished run"))

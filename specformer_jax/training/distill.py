@@ -148,6 +148,9 @@ def distill(
 ) -> dict:
     """Greedy-decode every prompt with the target and write the results as shards of `shard_size` prompts.
 
+    batch_size rows are decoded together: batch_size // shard_size shards at a time (at least one), so a batch size
+    that is a multiple of shard_size uses it fully. An interruption loses at most the shards of the batch in flight.
+
     purpose: "train" (evaluation prompts refused) or "eval" (data to measure drafters on; training refuses it).
 
     Resumes when `out_dir` holds an unfinished run with the same settings; raises SpecformerError when it holds
@@ -185,17 +188,23 @@ def distill(
         print(f"specformer: resuming {out_dir}: {skipped} of {num_shards} shards already done", file=sys.stderr)
     generated, run_s, t0 = 0, 0.0, time.perf_counter()
     bar = tqdm(total=len(prompt_ids), initial=already, unit="prompt", file=sys.stderr, disable=not progress)
+    pending = [k for k in range(num_shards) if k not in done]
+    group = max(1, batch_size // shard_size)  # shards decoded together, so a batch can be larger than a shard
     with bar:
-        for k in range(num_shards):
-            if k in done:
-                continue
-            chunk = prompt_ids[k * shard_size : (k + 1) * shard_size]
-            result = generate(model, chunk, max_new_tokens=max_new_tokens, temperature=0.0, batch_size=batch_size)
-            write_atomic(out_dir / shard_name(k), shard_text(k * shard_size, chunk, result.token_ids))
+        for g in range(0, len(pending), group):
+            shards = pending[g : g + group]
+            chunks = [prompt_ids[k * shard_size : (k + 1) * shard_size] for k in shards]
+            result = generate(model, [p for c in chunks for p in c], max_new_tokens=max_new_tokens, temperature=0.0,
+                              batch_size=batch_size)
+            start = 0
+            for k, chunk in zip(shards, chunks):
+                answers = result.token_ids[start : start + len(chunk)]
+                write_atomic(out_dir / shard_name(k), shard_text(k * shard_size, chunk, answers))
+                start += len(chunk)
             write_manifest(out_dir, settings, num_shards)
             generated += result.stats["num_generated"]
             run_s += result.stats["run_seconds"]
-            bar.update(len(chunk))
+            bar.update(start)
             bar.set_postfix_str(f"{generated / run_s if run_s else 0.0:.1f} tok/s")
     return {
         "out_dir": str(out_dir),
