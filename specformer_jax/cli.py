@@ -409,6 +409,8 @@ def _add_bench_kernels(sub):
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--impl", choices=IMPLS, default="pallas", help="the kernel side (interpret: a CPU smoke run)")
     p.add_argument("--repeats", type=_positive_int, default=20)
+    p.add_argument("--chain", type=_positive_int, default=1,
+                   help="time N dependent calls in one jitted call and divide by N, so per-call dispatch drops out")
     p.add_argument("--out", type=Path, required=True, help="result JSON")
     p.set_defaults(func=_run_bench_kernels)
 
@@ -425,7 +427,8 @@ def _run_bench_kernels(args) -> int:
         raise SpecformerError(str(e)) from None
     result = run_kernel_benchmark(batch_sizes=args.batch_sizes, queries=args.queries, cache_lens=args.cache_lens,
                                   num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                                  dtype=args.dtype, impl=args.impl, repeats=args.repeats)
+                                  dtype=args.dtype, impl=args.impl, repeats=args.repeats,
+                                  chain=args.chain)
     result = {"command": "specformer " + shlex.join(args.argv), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

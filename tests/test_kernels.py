@@ -265,3 +265,18 @@ def test_bench_kernels_cli_smoke(tmp_path, cli_error):
     assert doc["results"][0]["bytes"] == (2 * 2 * 2 * 130 + 2 * 2 * 5 * 4) * 64 * 4
     assert "needs a TPU or a GPU" in cli_error(argv[:-6] + ["--impl", "pallas", "--out", str(out)])
     assert "--queries" in cli_error(argv[:4] + ["--queries", "0"] + argv[6:])
+
+
+def test_chained_calls_compute_the_attention_and_depend_on_each_other():
+    """bench-kernels --chain: the chain's output is the attention's (the nudge is below rounding), and each call's
+    query depends on the previous output, so XLA cannot merge the calls into one."""
+    from specformer_jax.bench.kernels import chained
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (2, 5, 4, 64))
+    k, v = (jax.random.normal(kk, (2, 2, 96, 64)) for kk in keys[1:])
+    lens = jnp.array([96, 40], jnp.int32)
+    one = ragged_attention_reference(q, k, v, lens)
+    np.testing.assert_array_equal(jax.jit(chained("reference", 3))(q, k, v, lens), one)
+    exps = lambda n: jax.jit(chained("reference", n)).lower(q, k, v, lens).compile().as_text().count("exponential")
+    assert exps(3) == 3 * exps(1) > 0  # three softmaxes survive compilation (independent calls would be merged)
