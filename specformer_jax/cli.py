@@ -99,9 +99,13 @@ def _mesh(args):
     return make_mesh(args.mesh) if args.mesh else None
 
 
+def _add_model(p):
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+
+
 def _add_generate(sub):
     p = sub.add_parser("generate", help="decode prompts with a target model", description="Decode prompts on the device.")
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+    _add_model(p)
     p.add_argument("--prompt", action="extend", nargs="+", default=[], metavar="TEXT", help="a prompt (repeatable)")
     p.add_argument("--prompts-file", type=Path, help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line')
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
@@ -194,7 +198,7 @@ def _add_distill(sub):
         description="Self-distillation: greedy-decode training prompts with the target and write them as resumable "
         "JSONL shards. Rerun the same command to resume an interrupted run.",
     )
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+    _add_model(p)
     p.add_argument("--prompts", type=Path, metavar="F.jsonl",
                    help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line (e.g. from sample-prompts)')
     p.add_argument("--builtin-prompts", type=_positive_int, metavar="N",
@@ -242,7 +246,7 @@ def _add_sample_prompts(sub):
         description="Prompt the model with its chat template up to a user turn and sample what the user says: distinct "
         "finished requests, written to a JSONL file for `specformer distill --prompts`. Rerun to resume or extend.",
     )
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+    _add_model(p)
     p.add_argument("--num", type=_positive_int, required=True, metavar="N", help="number of distinct prompts")
     p.add_argument("--out", type=Path, required=True, metavar="F.jsonl")
     p.add_argument("--seed", type=int, default=0)
@@ -300,7 +304,7 @@ def _run_train(args) -> int:
 def _add_eval_drafter(sub):
     p = sub.add_parser("eval-drafter", help="teacher-forced drafter accuracy on distilled data",
                        description="Per-slot top-1 accuracy and expected accepted length on held-out distilled data.")
-    p.add_argument("--model", default="default")
+    _add_model(p)
     p.add_argument("--drafter", required=True, help="a drafter directory (drafter.json + params.safetensors)")
     p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
     p.add_argument("--all", action="store_true",
@@ -341,7 +345,7 @@ def _run_eval_drafter(args) -> int:
 def _add_bench(sub):
     p = sub.add_parser("bench", help="AR vs speculative decoding throughput per batch size",
                        description="Plain and speculative decoding of the same prompts, in one process.")
-    p.add_argument("--model", default="default")
+    _add_model(p)
     p.add_argument("--drafter", default="default", help="'default', a drafter directory, or 'none' (AR only)")
     p.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl",
                    help="JSONL prompts (default: benchmarks/prompts.jsonl)")
