@@ -65,6 +65,7 @@ def test_a_model_that_never_finishes_a_request_is_a_clear_error(model, tmp_path,
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "--temperature must be > 0"),
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--model", "{ckpt}"], "has no chat template"),
         (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
+        (["--num", "3", "--out", "{tmp}"], "exists and is not a file"),
     ],
 )
 def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):

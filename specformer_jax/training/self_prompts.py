@@ -47,6 +47,8 @@ def usable(text: str, ids: list[int], eos_ids: tuple[int, ...]) -> bool:
 
 def read_rounds(path: Path) -> tuple[list[dict], int]:
     """(records, next round) of an earlier run's output file, or ([], 0)."""
+    if path.exists() and not path.is_file():
+        raise SpecformerError(f"output path {path} exists and is not a file")
     if not path.is_file():
         return [], 0
     records = []
@@ -75,11 +77,9 @@ def sample_prompts(
     if num < 1:
         raise SpecformerError(f"number of prompts must be >= 1, got {num}")
     out = Path(out)
-    if out.exists() and not out.is_file():
-        raise SpecformerError(f"output path {out} exists and is not a file")
+    records, round_ = read_rounds(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prefix = user_turn_prefix(model)
-    records, round_ = read_rounds(out)
     seen = {normalise_prompt(r["prompt"]) for r in records}
     evaluation = evaluation_prompts()
     empty = 0
