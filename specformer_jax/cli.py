@@ -40,6 +40,16 @@ def _nonneg(kind):
     return parse
 
 
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = 0.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
 def _draft_len(s: str) -> int | str:
     if s == "auto":
         return s
@@ -250,7 +260,7 @@ def _add_sample_prompts(sub):
     p.add_argument("--num", type=_positive_int, required=True, metavar="N", help="number of distinct prompts")
     p.add_argument("--out", type=Path, required=True, metavar="F.jsonl")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=_positive_float, default=1.0)
     p.add_argument("--top-p", type=_probability, default=0.95)
     p.add_argument("--max-new-tokens", type=_positive_int, default=96, help="longer requests are dropped")
     p.add_argument("--batch-size", type=_positive_int, default=256)
@@ -261,8 +271,6 @@ def _run_sample_prompts(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.training.self_prompts import read_rounds, sample_prompts
 
-    if not args.temperature > 0:
-        raise SpecformerError(f"--temperature must be > 0 to sample, got {args.temperature}")
     read_rounds(args.out)  # an unusable --out fails before the model loads
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model)

@@ -67,7 +67,8 @@ def dense_kl(target_params, states, teacher, weights):
     return jnp.sum(weights * jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1), axis=(0, 1))
 
 
-def test_chunked_kl_and_gradient_equal_dense(chunk=7):
+@pytest.mark.parametrize("chunk", [7, pytest.param(1000, marks=pytest.mark.slow)])  # 1000: one chunk for all
+def test_chunked_kl_and_gradient_equal_dense(chunk):
     B, T, K = 2, 16, 3
     rng = np.random.default_rng(3)
     tokens = jnp.asarray(rng.integers(0, TARGET.vocab_size, (B, T)), jnp.int32)

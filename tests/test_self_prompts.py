@@ -58,11 +58,16 @@ def test_a_model_that_never_finishes_a_request_is_a_clear_error(model, tmp_path,
         sp.sample_prompts(model, 3, tmp_path / "p.jsonl", seed=0, max_new_tokens=1, batch_size=4, progress=False)
 
 
+def test_greedy_sampling_is_refused(model, tmp_path):
+    with pytest.raises(SpecformerError, match="temperature must be > 0"):
+        sp.sample_prompts(model, 3, tmp_path / "p.jsonl", temperature=0.0, progress=False)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--num", "0", "--out", "{tmp}/p.jsonl"], "positive integer"),
-        (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "--temperature must be > 0"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "expected a positive number"),
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--model", "{ckpt}"], "has no chat template"),
         (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
         (["--num", "3", "--out", "{tmp}"], "exists and is not a file"),

@@ -76,6 +76,8 @@ def sample_prompts(
     """Sample `num` distinct user requests from `model` into `out` (resuming an earlier run there); returns them."""
     if num < 1:
         raise SpecformerError(f"number of prompts must be >= 1, got {num}")
+    if not temperature > 0:  # greedy would write the same request every time
+        raise SpecformerError(f"temperature must be > 0 to sample requests, got {temperature}")
     out = Path(out)
     records, round_ = read_rounds(out)
     out.parent.mkdir(parents=True, exist_ok=True)
