@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_atomic, write_json
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +26,17 @@ def _positive_int(s: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
     return v
+
+
+def _out_file(s: str) -> Path:
+    """An output file's path, refused before any work when it could not be written: a directory, or under a file."""
+    path = Path(s)
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{s} exists and is not a file")
+    parent = next((a for a in path.absolute().parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} lies under {parent}, which is a file")
+    return path
 
 
 def _nonneg(kind):
@@ -357,13 +369,14 @@ def _add_bench(sub):
     p.add_argument("--drafter", default="default", help="'default', a drafter directory, or 'none' (AR only)")
     p.add_argument("--prompts", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl",
                    help="JSONL prompts (default: benchmarks/prompts.jsonl)")
-    p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,4,16,64")
+    p.add_argument("--batch-sizes", type=_int_list("--batch-sizes"), default=[1, 8],
+                   help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--draft-len", type=_draft_len, default=None,
                    help="drafts per round, or auto (per batch size; default: trained slots)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     _add_attention_impl(p)
-    p.add_argument("--out", type=Path, required=True, help="result JSON")
-    p.add_argument("--plot", type=Path, help="also draw tokens/s per batch size to this PNG")
+    p.add_argument("--out", type=_out_file, required=True, help="result JSON")
+    p.add_argument("--plot", type=_out_file, help="also draw tokens/s per batch size to this PNG")
     p.set_defaults(func=_run_bench)
 
 
@@ -373,20 +386,15 @@ def _run_bench(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
 
-    try:
-        sizes = [int(b) for b in args.batch_sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise SpecformerError(f"--batch-sizes expects positive integers like 1,4,16, got {args.batch_sizes!r}")
     model = load_target(args.model, attention_impl=args.attention_impl)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
     prompts = read_prompts_file(args.prompts)
-    result = run_benchmark(model, drafter, prompts, batch_sizes=sizes, draft_len=args.draft_len,
-                           max_new_tokens=args.max_new_tokens, mesh=_mesh(args))
-    result = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter, **result}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
+    # written after every batch size, so an interrupted run keeps the batch sizes it finished
+    result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
+                           max_new_tokens=args.max_new_tokens, mesh=_mesh(args),
+                           on_progress=lambda doc: write_json(args.out, {**head, **doc}))
+    result = {**head, **result}
     if args.plot:
         plot_bench(result, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
@@ -423,7 +431,7 @@ def _add_bench_kernels(sub):
     p.add_argument("--repeats", type=_positive_int, default=20)
     p.add_argument("--chain", type=_positive_int, default=1,
                    help="time N dependent calls in one jitted call and divide by N, so per-call dispatch drops out")
-    p.add_argument("--out", type=Path, required=True, help="result JSON")
+    p.add_argument("--out", type=_out_file, required=True, help="result JSON")
     p.set_defaults(func=_run_bench_kernels)
 
 
@@ -441,9 +449,7 @@ def _run_bench_kernels(args) -> int:
                                   num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
                                   dtype=args.dtype, impl=args.impl, repeats=args.repeats,
                                   chain=args.chain)
-    result = {"command": "specformer " + shlex.join(args.argv), **result}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, {"command": "specformer " + shlex.join(args.argv), **result})
     print(f"specformer: wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -453,8 +459,8 @@ def _add_report(sub):
                        description="Lay `specformer bench` result files (any devices) side by side, each held against "
                                    "a roofline estimate of plain and speculative decoding.")
     p.add_argument("results", nargs="+", type=Path, help="result JSON files from `specformer bench`")
-    p.add_argument("--out", type=Path, required=True, help="Markdown report")
-    p.add_argument("--plot", type=Path, help="also draw measured and roofline speedup per batch size to this PNG")
+    p.add_argument("--out", type=_out_file, required=True, help="Markdown report")
+    p.add_argument("--plot", type=_out_file, help="also draw measured and roofline speedup per batch size to this PNG")
     p.set_defaults(func=_run_report)
 
 
@@ -462,8 +468,7 @@ def _run_report(args) -> int:
     from specformer_jax.bench.report import load_results, plot_report, render_markdown
 
     docs = load_results(args.results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render_markdown(docs) + "\n")
+    write_atomic(args.out, render_markdown(docs) + "\n")
     if args.plot:
         plot_report(docs, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)

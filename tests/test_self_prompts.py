@@ -7,7 +7,6 @@ import json
 import pytest
 
 from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.cli import main
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training import self_prompts as sp
 from specformer_jax.training.prompts import normalise_prompt

@@ -34,7 +34,6 @@ def ar(model, prompts, **kw):
 
 
 def padded(prompts):
-    T = max(len(p) for p in prompts)
     arr = np.zeros((len(prompts), 32), np.int32)
     for i, p in enumerate(prompts):
         arr[i, : len(p)] = p
@@ -145,11 +144,21 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
 
 
-def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error):
+def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error, monkeypatch):
     import json
 
+    from specformer_jax import cli
     from specformer_jax.checkpoints.drafter_io import save_drafter
     from specformer_jax.cli import main
+
+    writes = []  # the result file is rewritten after every batch size, so an interrupted run keeps what it measured
+
+    def write_json(path, doc):
+        writes.append((len(doc["results"]), doc["complete"]))
+        real_write_json(path, doc)
+
+    real_write_json = cli.write_json
+    monkeypatch.setattr(cli, "write_json", write_json)
 
     cfg = DrafterConfig(num_slots=3)
     save_drafter(tmp_path / "d", cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), model.cfg, dtype="float32")
@@ -161,7 +170,8 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert main(argv) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["command"].startswith("specformer bench --model") and result["draft_len"] == 3
-    assert [r["batch_size"] for r in result["results"]] == [1, 4]
+    assert [r["batch_size"] for r in result["results"]] == [1, 4] and result["complete"]
+    assert writes == [(1, False), (2, True)]
     for r in result["results"]:
         assert r["output_equivalence"] == 1.0
         assert r["speedup"] == r["spec"]["tokens_per_second"] / r["ar"]["tokens_per_second"]
@@ -171,3 +181,5 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert main(["report", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.md")]) == 0
     assert (tmp_path / "r.md").read_text().count("| 4 | ") == 1  # the batch-4 row
     assert "--batch-sizes" in cli_error(argv[:-4] + ["--batch-sizes", "1,x", "--out", str(tmp_path / "q.json")])
+    assert "is not a file" in cli_error(argv[:-4] + ["--out", str(tmp_path)])
+    assert "which is a file" in cli_error(argv[:-4] + ["--out", str(tmp_path / "r.json" / "x.json")])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from typing import Callable
 
 import flax
 import jax
@@ -26,8 +27,27 @@ KEEP = ("tokens_per_second", "run_seconds", "num_generated", "draft_len", "draft
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | None, max_new_tokens: int, mesh=None,
-                  log=sys.stderr) -> dict:
+                  log=sys.stderr, on_progress: Callable[[dict], None] | None = None) -> dict:
+    """The result document; `on_progress` gets it after every batch size (with the rows done so far and
+    "complete": false until the last), so a run cut short still leaves what it measured."""
     rows = []
+    doc = {
+        "draft_len": draft_len if draft_len is not None else (drafter.cfg.num_slots if drafter else 0),
+        "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
+        "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
+        "device_measured": measure_device(model.cfg.dtype),
+        "dtype": model.cfg.dtype,
+        "max_new_tokens": max_new_tokens,
+        "num_prompts": len(prompts),
+        "device": jax.devices()[0].device_kind,
+        "platform": jax.devices()[0].platform,
+        "num_devices": jax.device_count(),
+        "mesh": dict(mesh.shape) if mesh is not None else None,
+        "cpu_count": os.cpu_count(),
+        "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
+        "results": rows,
+        "complete": False,
+    }
     for bs in batch_sizes:
         # The prompt set is cycled so every batch is full: batch 64 decodes 64 rows even from 16 prompts.
         rows_in = [prompts[i % len(prompts)] for i in range(max(bs, len(prompts)))]
@@ -50,19 +70,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
             speed = (f", speculative (k={spec['draft_len']}) {row['speedup']:.2f}x, "
                      f"AL {spec.get('mean_accepted_length', 1.0):.2f}") if spec else ""
             print(f"specformer bench: batch {bs}: AR {row['ar']['tokens_per_second']:.1f} tok/s{speed}", file=log)
-    return {
-        "draft_len": draft_len if draft_len is not None else (drafter.cfg.num_slots if drafter else 0),
-        "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
-        "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
-        "device_measured": measure_device(model.cfg.dtype),
-        "dtype": model.cfg.dtype,
-        "max_new_tokens": max_new_tokens,
-        "num_prompts": len(prompts),
-        "device": jax.devices()[0].device_kind,
-        "platform": jax.devices()[0].platform,
-        "num_devices": jax.device_count(),
-        "mesh": dict(mesh.shape) if mesh is not None else None,
-        "cpu_count": os.cpu_count(),
-        "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
-        "results": rows,
-    }
+        doc["complete"] = len(rows) == len(batch_sizes)
+        if on_progress:
+            on_progress(doc)
+    return doc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import jax
@@ -17,6 +16,7 @@ from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_json
 from specformer_jax.modeling.drafter import init_drafter
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parents[1] / "assets" / "drafter-smollm2-135m-instruct"
@@ -42,14 +42,8 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
     write_safetensors(path / "params.safetensors", {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
-    _write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
+    write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
                                         **(meta or {})})
-
-
-def _write_json(path: Path, doc: dict):
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def resolve_drafter_path(path: str | Path) -> Path:
@@ -66,7 +60,7 @@ def record_eval(path: str | Path, result: dict):
     meta_path = resolve_drafter_path(path) / "drafter.json"
     doc = json.loads(meta_path.read_text())
     doc["eval"] = result
-    _write_json(meta_path, doc)
+    write_json(meta_path, doc)
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:

@@ -31,7 +31,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import jax
@@ -41,6 +40,7 @@ from specformer_jax.checkpoints.default import cache_dir
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_json
 
 MARGIN = 0.15  # speculative decoding must be predicted at least this much faster to be chosen (see above)
 
@@ -114,13 +114,6 @@ def _read_table(path: Path) -> dict:
         return {}
 
 
-def _write_table(path: Path, table: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
-
-
 def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> dict:
     """measure_costs, cached on disk (SPECFORMER_CACHE/step_costs.json)."""
     path = cache_dir() / "step_costs.json"
@@ -130,7 +123,7 @@ def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int,
         c = table[key]
         return {"step_seconds": c["step_seconds"], "round_seconds": {int(k): v for k, v in c["round_seconds"].items()}}
     costs = measure_costs(model, drafter, batch_size, cache_len)
-    _write_table(path, {**table, key: costs})
+    write_json(path, {**table, key: costs})
     return costs
 
 
@@ -160,7 +153,7 @@ def remember_acceptance(model: LoadedTarget, drafter: LoadedDrafter, rates: list
         n_old = min(new_rounds[i], MAX_REMEMBERED_ROUNDS)
         new_rates[i] = (new_rates[i] * n_old + r * rounds) / (n_old + rounds)
         new_rounds[i] = n_old + rounds
-    _write_table(path, {**table, key: {"rates": new_rates, "rounds": new_rounds}})
+    write_json(path, {**table, key: {"rates": new_rates, "rounds": new_rounds}})
 
 
 def decoding_acceptance(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> list[float]:

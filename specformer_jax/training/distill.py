@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +25,7 @@ from tqdm import tqdm
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.decoding.api import Prompt, encode_prompts, generate
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_atomic
 from specformer_jax.training.prompts import EVALUATION_PROMPTS, evaluation_prompts, is_evaluation_prompt
 
 MANIFEST = "manifest.json"
@@ -44,20 +43,6 @@ def manifest_setting(manifest: dict, key: str):
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}.jsonl"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path`: readers see the old or the new file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # KeyboardInterrupt included: leave no temporary file behind
-        os.unlink(tmp)
-        raise
 
 
 def prompts_sha256(prompt_ids: Sequence[Sequence[int]]) -> str:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training.distill import write_atomic
+from specformer_jax.files import write_atomic
 from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt, normalise_prompt
 
 SENTINEL = "\x00specformer-user-turn\x00"
