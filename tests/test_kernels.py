@@ -277,6 +277,18 @@ def test_chained_calls_compute_the_attention_and_depend_on_each_other():
     k, v = (jax.random.normal(kk, (2, 2, 96, 64)) for kk in keys[1:])
     lens = jnp.array([96, 40], jnp.int32)
     one = ragged_attention_reference(q, k, v, lens)
-    np.testing.assert_array_equal(jax.jit(chained("reference", 3))(q, k, v, lens), one)
-    exps = lambda n: jax.jit(chained("reference", n)).lower(q, k, v, lens).compile().as_text().count("exponential")
+    np.testing.assert_array_equal(jax.jit(chained("reference", 3))(q, [k], [v], lens), one)
+    exps = lambda n: jax.jit(chained("reference", n)).lower(q, [k], [v], lens).compile().as_text().count("exponential")
     assert exps(3) == 3 * exps(1) > 0  # three softmaxes survive compilation (independent calls would be merged)
+    # with two buffers the calls alternate: the last of three reads the first buffer, the last of two the second
+    k2, v2 = k[::-1], v[::-1]
+    two = ragged_attention_reference(q, k2, v2, lens)
+    np.testing.assert_array_equal(jax.jit(chained("reference", 3))(q, [k, k2], [v, v2], lens), one)
+    np.testing.assert_array_equal(jax.jit(chained("reference", 2))(q, [k, k2], [v, v2], lens), two)
+
+
+def test_chains_cycle_through_enough_buffers_to_miss_the_cache():
+    from specformer_jax.bench.kernels import COLD_BYTES, num_buffers
+
+    assert num_buffers(1, 1000) == 1 and num_buffers(20, 10 * COLD_BYTES) == 1
+    assert num_buffers(20, COLD_BYTES // 4) == 4 and num_buffers(20, COLD_BYTES // 4 - 1) == 5 and num_buffers(20, 1000) == 20
