@@ -28,8 +28,12 @@ def plot_training(metrics_path: Path, out_png: Path) -> None:
     if evals:
         ax2 = ax_acc.twinx()
         ax2.plot([m["step"] for m in evals], [m["expected_accepted_length"] for m in evals], "k--",
-                 label="expected accepted length")
-        ax2.set_ylabel("expected accepted length")
+                 label="expected accepted length (teacher-forced)")
+        replayed = [m for m in evals if "decoding_accepted_length" in m]
+        if replayed:
+            ax2.plot([m["step"] for m in replayed], [m["decoding_accepted_length"] for m in replayed], "k:",
+                     label="decoding accepted length")
+        ax2.set_ylabel("accepted length")
         ax2.legend(loc="lower right")
     ax_acc.set(xlabel="step", ylabel="top-1 accuracy", title=f"{'eval' if evals else 'train'} accuracy per slot")
     ax_acc.legend(loc="upper left")
