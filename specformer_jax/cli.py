@@ -445,11 +445,12 @@ def _run_bench_kernels(args) -> int:
         resolve(args.impl, args.head_dim)
     except ValueError as e:
         raise SpecformerError(str(e)) from None
-    result = run_kernel_benchmark(batch_sizes=args.batch_sizes, queries=args.queries, cache_lens=args.cache_lens,
-                                  num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                                  dtype=args.dtype, impl=args.impl, repeats=args.repeats,
-                                  chain=args.chain)
-    write_json(args.out, {"command": "specformer " + shlex.join(args.argv), **result})
+    head = {"command": "specformer " + shlex.join(args.argv)}
+    # written after every shape, so an interrupted run keeps the shapes it timed
+    run_kernel_benchmark(batch_sizes=args.batch_sizes, queries=args.queries, cache_lens=args.cache_lens,
+                         num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype,
+                         impl=args.impl, repeats=args.repeats, chain=args.chain,
+                         on_progress=lambda doc: write_json(args.out, {**head, **doc}))
     print(f"specformer: wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -260,7 +260,7 @@ def test_bench_kernels_cli_smoke(tmp_path, cli_error):
             "--out", str(out)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
-    assert doc["command"].startswith("specformer bench-kernels") and doc["impl"] == "interpret"
+    assert doc["command"].startswith("specformer bench-kernels") and doc["impl"] == "interpret" and doc["complete"]
     assert [(r["cache_len"], r["num_splits"]) for r in doc["results"]] == [(130, 1), (256, 2)]  # 4 tiles: 2 splits
     assert doc["results"][0]["bytes"] == (2 * 2 * 2 * 130 + 2 * 2 * 5 * 4) * 64 * 4
     assert "needs a TPU or a GPU" in cli_error(argv[:-6] + ["--impl", "pallas", "--out", str(out)])

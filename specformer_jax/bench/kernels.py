@@ -17,6 +17,7 @@ from __future__ import annotations
 import platform
 import statistics
 import sys
+from typing import Callable
 
 import flax
 import jax
@@ -49,10 +50,21 @@ def num_buffers(chain: int, kv_bytes: int) -> int:
 
 
 def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_kv_heads=8, head_dim=128,
-                         dtype="bfloat16", impl="pallas", repeats=20, chain=1, log=sys.stderr) -> dict:
+                         dtype="bfloat16", impl="pallas", repeats=20, chain=1, log=sys.stderr,
+                         on_progress: Callable[[dict], None] | None = None) -> dict:
+    """The result document; `on_progress` gets it after every shape ("complete": false until the last)."""
     dt = jnp.dtype(dtype)
-    device = measure_device(dtype)
     rows = []
+    doc = {
+        "impl": impl, "dtype": dtype, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+        "repeats": repeats, "chain": chain, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+        "device_measured": measure_device(dtype),
+        "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
+        "results": rows,
+        "complete": False,
+    }
+    device = doc["device_measured"]
+    num_shapes = len(batch_sizes) * len(queries) * len(cache_lens)
     for B in batch_sizes:
         for Q in queries:
             for S in cache_lens:
@@ -86,10 +98,7 @@ def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_
                           f"kernel {1e6 * times['kernel']:.0f} us{split_note} ({row['speedup']:.2f}x, "
                           f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_copy_bandwidth']:.0f}% of copy)",
                           file=log)
-    return {
-        "impl": impl, "dtype": dtype, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-        "repeats": repeats, "chain": chain, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
-        "device_measured": device,
-        "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
-        "results": rows,
-    }
+                doc["complete"] = len(rows) == num_shapes
+                if on_progress:
+                    on_progress(doc)
+    return doc
