@@ -419,7 +419,7 @@ def _add_bench_kernels(sub):
 
     p = sub.add_parser("bench-kernels", help="Pallas attention kernel vs the XLA reference at verify shapes",
                        description="Time the ragged attention kernel against the jnp/XLA reference, with achieved "
-                                   "memory bandwidth against the measured copy bandwidth.")
+                                   "memory bandwidth against the measured read bandwidth.")
     p.add_argument("--batch-sizes", type=_int_list("--batch-sizes"), default=[1, 8, 64])
     p.add_argument("--queries", type=_int_list("--queries"), default=[5, 9], help="new tokens per row (k + 1)")
     p.add_argument("--cache-lens", type=_int_list("--cache-lens"), default=[1024, 4096, 8192])

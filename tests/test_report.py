@@ -63,12 +63,12 @@ def test_roofline_regimes():
     assert rk / tk == pytest.approx(1.0, rel=1e-3)
 
 
-def bench_file(tmp_path, name, device="NVIDIA H100", facts=None):
+def bench_file(tmp_path, name, device="NVIDIA H100", facts=None, measured=None):
     f = facts or roofline.model_facts(CFG, DrafterConfig(num_slots=4), target_params(CFG),
                                       init_drafter(CFG, DrafterConfig(num_slots=4), jax.random.key(1)))
     doc = {"command": "specformer bench ...", "device": device, "dtype": "bfloat16", "draft_len": 4, "num_prompts": 16,
            "max_new_tokens": 64, "mean_prompt_tokens": 40.0, "model_facts": f,
-           "device_measured": {"copy_bandwidth_gb_per_s": 20.0, "matmul_tflop_per_s": 0.2},
+           "device_measured": measured or {"read_bandwidth_gb_per_s": 20.0, "matmul_tflop_per_s": 0.2},
            "results": [{"batch_size": b, "ar": {"tokens_per_second": 100.0 * b},
                         "spec": {"tokens_per_second": 150.0 * b, "draft_len": 4, "mean_accepted_length": 2.0},
                         "speedup": 1.5, "output_equivalence": 1.0} for b in (1, 8)]}
@@ -91,6 +91,10 @@ def test_report_lays_devices_side_by_side(tmp_path, capsys):
     t = roofline.step_seconds(doc["model_facts"], 8, 40.0 + 32, 20e9, 0.2e12)
     assert f"| 8 | 800.0 | {8 / t:.1f} |" in md
     assert (tmp_path / "r.png").stat().st_size > 0
+    # result files from before the read-bandwidth probe recorded a copy bandwidth, which is used for them
+    old = bench_file(tmp_path, "old.json", device="cpu", measured={"copy_bandwidth_gb_per_s": 7.0, "matmul_tflop_per_s": 0.2})
+    assert main(["report", str(old), "--out", str(tmp_path / "o.md")]) == 0
+    assert "(measured): 7 GB/s, 0.20 TFLOP/s" in (tmp_path / "o.md").read_text()
 
 
 def test_report_errors(tmp_path, cli_error):

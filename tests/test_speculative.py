@@ -177,7 +177,7 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
         assert r["speedup"] == r["spec"]["tokens_per_second"] / r["ar"]["tokens_per_second"]
         assert len(r["spec"]["acceptance_rate_per_slot"]) == 3
     assert (tmp_path / "r.png").stat().st_size > 0
-    assert result["model_facts"]["drafter_weight_bytes"] > 0 and result["device_measured"]["copy_bandwidth_gb_per_s"] > 0
+    assert result["model_facts"]["drafter_weight_bytes"] > 0 and result["device_measured"]["read_bandwidth_gb_per_s"] > 0
     assert main(["report", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.md")]) == 0
     assert (tmp_path / "r.md").read_text().count("| 4 | ") == 1  # the batch-4 row
     assert "--batch-sizes" in cli_error(argv[:-4] + ["--batch-sizes", "1,x", "--out", str(tmp_path / "q.json")])

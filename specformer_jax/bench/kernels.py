@@ -8,7 +8,7 @@ through enough distinct K/V buffers (`num_buffers`) that the cache is read from 
 layers each read their own cache; single calls (chain=1) reuse one buffer, which a small cache may find in L2.
 Every row's cache is full to the given length, so a call must read B * Hkv * length * D * 2 elements of K and V:
 that many bytes (plus q and the output) over the time is the achieved bandwidth, reported against the device's
-measured copy bandwidth. The GPU kernel runs with its own split-KV choice (`pallas_kernels.gpu.auto_num_splits`),
+measured read bandwidth. The GPU kernel runs with its own split-KV choice (`pallas_kernels.gpu.auto_num_splits`),
 recorded per shape as `num_splits` (null for kernels that do not split).
 """
 
@@ -90,13 +90,13 @@ def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_
                        "reference_seconds": times["reference"], "kernel_seconds": times["kernel"],
                        "speedup": times["reference"] / times["kernel"],
                        "kernel_gb_per_s": moved / times["kernel"] / 1e9,
-                       "fraction_of_copy_bandwidth": moved / times["kernel"] / 1e9 / device["copy_bandwidth_gb_per_s"]}
+                       "fraction_of_read_bandwidth": moved / times["kernel"] / 1e9 / device["read_bandwidth_gb_per_s"]}
                 rows.append(row)
                 if log:
                     split_note = f" in {splits} splits" if splits and splits > 1 else ""
                     print(f"specformer bench-kernels: B={B} Q={Q} S={S}: reference {1e6 * times['reference']:.0f} us, "
                           f"kernel {1e6 * times['kernel']:.0f} us{split_note} ({row['speedup']:.2f}x, "
-                          f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_copy_bandwidth']:.0f}% of copy)",
+                          f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_read_bandwidth']:.0f}% of read)",
                           file=log)
                 doc["complete"] = len(rows) == num_shapes
                 if on_progress:

@@ -3,7 +3,7 @@
 Compilation is excluded: an untimed pass over the same rows compiles and runs every shape first. Reports tokens/s of
 both, speedup, mean accepted length, per-slot acceptance, output equivalence (greedy: fraction of identical rows),
 device and versions, and what `specformer report` needs for its roofline: model bytes/FLOPs and the device's
-measured copy bandwidth and matmul rate.
+measured read bandwidth and matmul rate.
 """
 
 from __future__ import annotations
