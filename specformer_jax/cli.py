@@ -146,7 +146,7 @@ def _add_generate(sub):
                         "default: the shipped drafter when --model is default, else none")
     p.add_argument("--draft-len", type=_draft_len, default=None,
                    help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
-                        "costs; default: trained slots)")
+                        "costs; default: all trained slots on a GPU/TPU, 1 on a CPU)")
     p.set_defaults(func=_run_generate)
 
 
@@ -372,7 +372,7 @@ def _add_bench(sub):
     p.add_argument("--batch-sizes", type=_int_list("--batch-sizes"), default=[1, 8],
                    help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--draft-len", type=_draft_len, default=None,
-                   help="drafts per round, or auto (per batch size; default: trained slots)")
+                   help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU, 1 on a CPU)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     _add_attention_impl(p)
     p.add_argument("--out", type=_out_file, required=True, help="result JSON")

@@ -236,8 +236,8 @@ def test_speculative_decoding_on_the_kernels_gives_the_reference_tokens(tiny_che
     fast = load_target(tiny_checkpoints["llama3"], attention_impl=impl)
     cfg = DrafterConfig(num_slots=3)
     drafter = LoadedDrafter(cfg, init_drafter(ref.cfg, cfg, jax.random.key(0)), {})
-    want = generate(ref, prompts, max_new_tokens=12, drafter=drafter)
-    got = generate(fast, prompts, max_new_tokens=12, drafter=drafter)
+    want = generate(ref, prompts, max_new_tokens=12, drafter=drafter, draft_len=3)
+    got = generate(fast, prompts, max_new_tokens=12, drafter=drafter, draft_len=3)
     assert got.token_ids == want.token_ids
     assert got.stats["rounds"] == want.stats["rounds"]
 

@@ -20,6 +20,7 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import Prompt, encode_prompts, generate
+from specformer_jax.decoding.draft_len import default_draft_len
 
 KEEP = ("tokens_per_second", "run_seconds", "num_generated", "draft_len", "draft_len_auto", "mean_accepted_length",
         "acceptance_rate_per_slot", "rounds")
@@ -32,7 +33,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     "complete": false until the last), so a run cut short still leaves what it measured."""
     rows = []
     doc = {
-        "draft_len": draft_len if draft_len is not None else (drafter.cfg.num_slots if drafter else 0),
+        "draft_len": draft_len if draft_len is not None else (default_draft_len(drafter) if drafter else 0),
         "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
         "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
         "device_measured": measure_device(model.cfg.dtype),

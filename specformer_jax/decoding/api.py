@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.decoding.autoregressive import ar_generate
-from specformer_jax.decoding.draft_len import auto_draft_len, remember_acceptance
+from specformer_jax.decoding.draft_len import auto_draft_len, default_draft_len, remember_acceptance
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.errors import SpecformerError
@@ -124,7 +124,8 @@ def generate(
     """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device.
 
     With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same distribution.
-    `draft_len`: drafts per round, <= the drafter's trained slots (default: all of them; 0: plain decoding), or
+    `draft_len`: drafts per round, <= the drafter's trained slots (default: all of them on an accelerator, 1 on a CPU,
+    see draft_len.default_draft_len; 0: plain decoding), or
     "auto": chosen for this batch size from measured step costs and the drafter's acceptance (see draft_len.py).
     `mesh` (specformer_jax.parallel.make_mesh): rows sharded over its batch axes, the model by the logical-axis rules
     (tensor parallel over `tensor`); batch_size is rounded up to a multiple of the batch axes.
@@ -253,7 +254,7 @@ def _speculative_setup(model: LoadedTarget, drafter, draft_len):
     """Static options of the speculative loop, or None for plain AR decoding."""
     if drafter is None or draft_len == 0:
         return None
-    k = drafter.cfg.num_slots if draft_len is None else draft_len
+    k = default_draft_len(drafter) if draft_len is None else draft_len
     if not 1 <= k <= drafter.cfg.num_slots:
         raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {k}")
     hooks = drafter.cfg.resolved_hooks(model.cfg)
