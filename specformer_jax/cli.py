@@ -18,14 +18,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _number(kind, ok, what: str):
+    """An argparse type: `kind`(s), refused with "expected <what>" unless ok(value)."""
+
+    def parse(s: str):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):  # NaN fails every bound
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+
+    return parse
+
+
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_positive_float = _number(float, lambda v: v > 0, "a positive number")
+_probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _nonneg(kind):
+    return _number(kind, lambda v: v >= 0, "a non-negative number")
 
 
 def _out_file(s: str) -> Path:
@@ -39,29 +53,6 @@ def _out_file(s: str) -> Path:
     return path
 
 
-def _nonneg(kind):
-    def parse(s: str):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
-        if not v >= 0:
-            raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
-        return v
-
-    return parse
-
-
-def _positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        v = 0.0
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
 def _draft_len(s: str) -> int | str:
     if s == "auto":
         return s
@@ -69,16 +60,6 @@ def _draft_len(s: str) -> int | str:
         return _nonneg(int)(s)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {s!r}") from None
-
-
-def _probability(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        v = -1.0
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}")
-    return v
 
 
 def read_prompts_file(path: Path) -> list:
