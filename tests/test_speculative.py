@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -171,6 +172,7 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert main(argv) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["command"].startswith("specformer bench --model") and result["draft_len"] == 3
+    assert result["drafter_sha256"] == hashlib.sha256((tmp_path / "d" / "params.safetensors").read_bytes()).hexdigest()
     assert [r["batch_size"] for r in result["results"]] == [1, 4] and result["complete"]
     assert writes == [(1, False), (2, True)]
     for r in result["results"]:

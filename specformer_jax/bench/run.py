@@ -33,6 +33,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     "complete": false until the last), so a run cut short still leaves what it measured."""
     rows = []
     doc = {
+        "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter
         "draft_len": draft_len if draft_len is not None else (default_draft_len(drafter) if drafter else 0),
         "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
         "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),

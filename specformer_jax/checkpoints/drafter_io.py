@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class LoadedDrafter:
     cfg: DrafterConfig
     params: dict
     meta: dict  # drafter.json contents (training recipe, target source, eval numbers when recorded)
+    sha256: str | None = None  # of params.safetensors when loaded from a directory: which weights a result used
 
 
 def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetConfig, *, dtype="bfloat16", meta=None):
@@ -95,4 +97,5 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
-    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta)
+    digest = hashlib.sha256((path / "params.safetensors").read_bytes()).hexdigest()
+    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta, digest)
