@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path`: readers see the old or the new file."""
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w"):
+    """A file object on a temporary file beside `path`, renamed over `path` when the block ends without error:
+    readers see the old or the new file, never part of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:  # KeyboardInterrupt included: leave no temporary file behind
         os.unlink(tmp)
         raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` written atomically (`atomic_open`)."""
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 def write_json(path: Path, doc) -> None:

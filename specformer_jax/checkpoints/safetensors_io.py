@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
+from specformer_jax.files import atomic_open
 
 from specformer_jax.errors import SpecformerError
 
@@ -47,7 +48,7 @@ _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write tensors atomically (temp file + rename), so a crash never leaves a half-written file in place."""
+    """Write tensors atomically, so a crash never leaves a half-written file in place."""
     header, offset, blobs = {}, 0, []
     for name, x in tensors.items():
         x = np.ascontiguousarray(x)
@@ -56,9 +57,7 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
         blobs.append(x)
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for x in blobs:
             f.write(x.tobytes())
-    os.replace(tmp, path)
