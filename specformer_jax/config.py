@@ -167,6 +167,8 @@ class DrafterConfig:
             raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots}")
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise SpecformerError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
         L = target.num_layers

@@ -20,9 +20,10 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     data, out = tmp_path / "data", tmp_path / "run"
     assert main(["distill", "--model", model, "--prompts", str(prompts), "--out", str(data), "--max-new-tokens", "24"]) == 0
     argv = ["train", "--config", str(CONFIGS / "drafter-tiny.yaml"), "--set", f"model={model}", "--set", f"data={data}",
-            "--set", f"out={out}"]
+            "--set", f"out={out}", "--set", "intermediate_size=48"]  # a SwiGLU narrower than the target's 128
     assert main(argv) == 0
     assert (out / "drafter" / "drafter.json").is_file() and (out / "metrics.jsonl").is_file()
+    assert json.loads((out / "drafter" / "drafter.json").read_text())["drafter"]["intermediate_size"] == 48
     capsys.readouterr()
     assert main(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"), "--data", str(data)]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -134,6 +134,9 @@ def test_train_config_errors(tmp_path):
         load_train_config(tmp_path / "nope.yaml")
     with pytest.raises(SpecformerError, match="objective must be one of ce, kl"):
         load_train_config(good, ["objective=mse"])
+    with pytest.raises(SpecformerError, match="intermediate_size must be >= 1"):
+        load_train_config(good, ["intermediate_size=0"])
+    assert load_train_config(good, ["intermediate_size=96"]).drafter().intermediate_size == 96
 
 
 def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):

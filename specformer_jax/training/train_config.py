@@ -26,6 +26,7 @@ class TrainConfig:
     num_slots: int = 4
     hooks: tuple[int, ...] | None = None
     slot_attention: str = "bidirectional"
+    intermediate_size: int | None = None  # the drafter's SwiGLU width; None = the target's
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
@@ -50,7 +51,8 @@ class TrainConfig:
     mesh: str = "data=-1"  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (-1: the remaining devices); see parallel.py
 
     def drafter(self) -> DrafterConfig:
-        return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention)
+        return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention,
+                             intermediate_size=self.intermediate_size)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):
@@ -58,7 +60,7 @@ class TrainConfig:
                 raise SpecformerError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.eval_fraction < 1:
             raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        self.drafter()  # validates num_slots / slot_attention
+        self.drafter()  # validates num_slots / slot_attention / intermediate_size
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.attention_impl not in IMPLS:
