@@ -43,12 +43,14 @@ def drafter(model, rates):
     return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), meta)
 
 
-def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch):
+def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
     d = drafter(model, [0.9, 0.8, 0.7])
     plain = generate(model, PROMPTS, max_new_tokens=12).token_ids
-    res = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto")
+    capsys.readouterr()
+    res = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto", progress=True)
     assert res.token_ids == plain
+    assert "draft-len auto: timing decode loops at batch 3" in capsys.readouterr().err  # the slow first use shows
     auto = res.stats["draft_len_auto"]
     assert res.stats["draft_len"] == auto["draft_len"] and 0 <= auto["draft_len"] <= 3
     assert set(auto["round_seconds"]) == {"1", "2", "3"} and auto["step_seconds"] > 0
@@ -61,8 +63,9 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
         raise AssertionError("costs should come from the cache")
 
     monkeypatch.setattr(dl, "measure_costs", no_measuring)
-    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto")
+    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto", progress=True)
     assert again.token_ids == plain
+    assert "timing decode loops" not in capsys.readouterr().err
     second = again.stats["draft_len_auto"]
     assert (second["step_seconds"], second["round_seconds"]) == (auto["step_seconds"], auto["round_seconds"])
     if auto["draft_len"]:  # the first call decoded speculatively: the second uses what it measured

@@ -55,6 +55,9 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         rows_in = [prompts[i % len(prompts)] for i in range(max(bs, len(prompts)))]
         row: dict = {"batch_size": bs, "num_rows": len(rows_in)}
         outputs = {}
+        if log and drafter and draft_len == "auto":
+            print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
+                  f"compiles and times {drafter.cfg.num_slots + 1} decoding loops)", file=log)
         for name, d in (("ar", None), ("spec", drafter)):
             if name == "spec" and d is None:
                 continue

@@ -162,7 +162,7 @@ def generate(
     auto = None
     if draft_len == "auto":
         typical = -(-(sum(map(len, ids)) // len(ids) + max_new_tokens // 2) // 64) * 64  # mid-decode, rounded up
-        auto = auto_draft_len(model, drafter, B, typical, sampled=sampling.temperature > 0)
+        auto = auto_draft_len(model, drafter, B, typical, sampled=sampling.temperature > 0, progress=progress)
         spec = _speculative_setup(model, drafter, auto.draft_len)
         if progress:
             guess = ", ".join(f"k={k}: {v:.2f}x" for k, v in auto.predicted_speedup.items())

@@ -31,9 +31,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import jax
+from tqdm import tqdm
 
 import pallas_kernels
 from specformer_jax.checkpoints.default import cache_dir
@@ -75,7 +77,7 @@ def choose_draft_len(speedups: dict[int, float], margin: float = MARGIN) -> int:
 
 
 def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
-                  new_tokens: int = 64) -> dict:
+                  new_tokens: int = 64, progress: bool = False) -> dict:
     """t_step (plain decoding) and t_round(k) for k = 1..K, timed on the real decoding loops (greedy, compiled, the
     compilation left out): `batch_size` rows decode `new_tokens` tokens from prompts of cache_len - new_tokens / 2
     tokens, so the cache holds cache_len tokens on average. EOS is switched off so every row runs the whole budget;
@@ -93,8 +95,11 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
         stats = run().stats
         return stats["run_seconds"] / max(stats["decode_steps"], 1)
 
-    return {"step_seconds": per_iteration(0),
-            "round_seconds": {k: per_iteration(k) for k in range(1, drafter.cfg.num_slots + 1)}}
+    # Each k is its own compiled loop: on an H100 at batch 64, minutes for a 4-slot drafter in all.
+    ks = tqdm(range(drafter.cfg.num_slots + 1), desc=f"draft-len auto: timing decode loops at batch {batch_size}",
+              unit="loop", file=sys.stderr, disable=not progress)
+    times = {k: per_iteration(k) for k in ks}
+    return {"step_seconds": times.pop(0), "round_seconds": times}
 
 
 # The code a decoding round runs: its source is part of the cost cache's key.
@@ -123,7 +128,8 @@ def _read_table(path: Path) -> dict:
         return {}
 
 
-def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> dict:
+def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
+                   progress: bool = False) -> dict:
     """measure_costs, cached on disk (SPECFORMER_CACHE/step_costs.json)."""
     path = cache_dir() / "step_costs.json"
     key = _cost_key(model, drafter, batch_size, cache_len)
@@ -131,7 +137,7 @@ def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int,
     if key in table:
         c = table[key]
         return {"step_seconds": c["step_seconds"], "round_seconds": {int(k): v for k, v in c["round_seconds"].items()}}
-    costs = measure_costs(model, drafter, batch_size, cache_len)
+    costs = measure_costs(model, drafter, batch_size, cache_len, progress=progress)
     write_json(path, {**table, key: costs})
     return costs
 
@@ -188,12 +194,12 @@ class DraftLenChoice:
 
 
 def auto_draft_len(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
-                   sampled: bool = False) -> DraftLenChoice:
+                   sampled: bool = False, progress: bool = False) -> DraftLenChoice:
     measured = decoding_acceptance(model, drafter, sampled)
     taught = drafter_acceptance(drafter)
     acceptance = measured + taught[len(measured):]
     source = "teacher_forced" if not measured else "decoding" if len(measured) == len(taught) else "mixed"
-    costs = measured_costs(model, drafter, batch_size, cache_len)
+    costs = measured_costs(model, drafter, batch_size, cache_len, progress)
     speedups = predicted_speedups(costs["step_seconds"], costs["round_seconds"], acceptance)
     return DraftLenChoice(choose_draft_len(speedups), speedups, costs["step_seconds"], costs["round_seconds"],
                           acceptance, source)
