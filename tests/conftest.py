@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")  # the CLI's persistent cache stays out of ~/.cache
 
 import pytest
 
