@@ -11,6 +11,7 @@ import numpy as np
 
 from specformer_jax.checkpoints.convert import params_from_hf
 from specformer_jax.checkpoints.default import cache_dir
+from specformer_jax.checkpoints.gguf_file import read_gguf
 from specformer_jax.config import RopeConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
 
@@ -49,63 +50,61 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _reader(path: Path):
-    import gguf
-
+def _read(path: Path):
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises ValueError, struct/numpy errors or OSError for a damaged file
+        return read_gguf(path)
+    except Exception as e:  # ValueError, struct.error or OSError for a damaged file
         raise SpecformerError(f"cannot read GGUF file {path}: {e}") from None
-
-
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
 
 
 def load_gguf(path: Path, dtype: str | None = None):
     """(config, params, eos_ids, tokenizer) from a GGUF file."""
     import gguf.quants
 
-    reader = _reader(path)
-    arch = _field(reader, "general.architecture")
+    meta, tensor_list = _read(path)
+    arch = meta.get("general.architecture")
     if arch not in _ARCH_TO_MODEL_TYPE:
         raise SpecformerError(f"unsupported GGUF architecture {arch!r} (supported: {', '.join(_ARCH_TO_MODEL_TYPE)})")
-    names = {t.name for t in reader.tensors}
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    names = {t.name for t in tensor_list}
+
+    def need(key: str):
+        if key not in meta:
+            raise SpecformerError(f"GGUF file {path} has no {key!r} in its metadata")
+        return meta[key]
+
+    hidden = int(need(f"{arch}.embedding_length"))
+    heads = int(need(f"{arch}.attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     cfg = TargetConfig(
-        vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(_field(reader, f"{arch}.block_count")),
+        intermediate_size=int(need(f"{arch}.feed_forward_length")),
+        num_layers=int(need(f"{arch}.block_count")),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope=RopeConfig(theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0))),
-        max_position=int(_field(reader, f"{arch}.context_length", 4096)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope=RopeConfig(theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0))),
+        max_position=int(meta.get(f"{arch}.context_length", 4096)),
         tie_embeddings="output.weight" not in names,
         qkv_bias=arch == "qwen2",
         qk_norm=arch == "qwen3",
         model_type=_ARCH_TO_MODEL_TYPE[arch],
         dtype=dtype or "float32",
     )
-    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
+    if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
         raise SpecformerError("GGUF files with RoPE scaling are not supported yet")
     tensors = {}
-    for t in reader.tensors:
+    for t in tensor_list:
         hf = _hf_name(t.name)
         if hf is None:
             continue
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = np.asarray(gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type)), dtype=np.float32)
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, heads if "attn_q" in t.name else kv_heads)
         tensors[hf] = w
     params = params_from_hf(tensors.__getitem__, cfg)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
     return cfg, params, (() if eos is None else (int(eos),)), _tokenizer(path)
 
 
