@@ -355,6 +355,8 @@ def _add_bench(sub):
     p.add_argument("--draft-len", type=_draft_len, default=None,
                    help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU, 1 on a CPU)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--repeats", type=_positive_int, default=3,
+                   help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
     _add_attention_impl(p)
     p.add_argument("--out", type=_out_file, required=True, help="result JSON")
     p.add_argument("--plot", type=_out_file, help="also draw tokens/s per batch size to this PNG")
@@ -373,7 +375,7 @@ def _run_bench(args) -> int:
     head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
     result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
-                           max_new_tokens=args.max_new_tokens, mesh=_mesh(args),
+                           max_new_tokens=args.max_new_tokens, repeats=args.repeats, mesh=_mesh(args),
                            on_progress=lambda doc: write_json(args.out, {**head, **doc}))
     result = {**head, **result}
     if args.plot:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,7 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
     argv = ["bench", "--model", str(tiny_checkpoints["qwen2"]), "--drafter", str(tmp_path / "d"), "--prompts",
-            str(prompts), "--batch-sizes", "1,4", "--max-new-tokens", "10", "--draft-len", "3",
+            str(prompts), "--batch-sizes", "1,4", "--max-new-tokens", "10", "--draft-len", "3", "--repeats", "2",
             "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
     assert main(argv) == 0
     result = json.loads((tmp_path / "r.json").read_text())
@@ -177,7 +178,11 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert writes == [(1, False), (2, True)]
     for r in result["results"]:
         assert r["output_equivalence"] == 1.0
-        assert r["speedup"] == r["spec"]["tokens_per_second"] / r["ar"]["tokens_per_second"]
+        for side in ("ar", "spec"):  # each side timed twice, alternating; its median reported
+            assert len(r[side]["tokens_per_second_runs"]) == 2
+            assert r[side]["tokens_per_second"] == statistics.median(r[side]["tokens_per_second_runs"])
+        pairs = zip(r["spec"]["tokens_per_second_runs"], r["ar"]["tokens_per_second_runs"])
+        assert r["speedup"] == pytest.approx(statistics.median(s / a for s, a in pairs))
         assert len(r["spec"]["acceptance_rate_per_slot"]) == 3
     assert (tmp_path / "r.png").stat().st_size > 0
     assert result["model_facts"]["drafter_weight_bytes"] > 0 and result["device_measured"]["read_bandwidth_gb_per_s"] > 0

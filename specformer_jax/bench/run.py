@@ -1,15 +1,19 @@
 """`specformer bench`: for each batch size, plain and speculative decoding of the same prompts in one process.
 
-Compilation is excluded: an untimed pass over the same rows compiles and runs every shape first. Reports tokens/s of
-both, speedup, mean accepted length, per-slot acceptance, output equivalence (greedy: fraction of identical rows),
-device and versions, and what `specformer report` needs for its roofline: model bytes/FLOPs and the device's
-measured read bandwidth and matmul rate.
+Compilation is excluded: an untimed pass over the same rows compiles and runs every shape first. The timed runs then
+come in `repeats` back-to-back pairs, plain and speculative in alternating order (AB BA AB ...); the speedup is the
+median over the pairs of their ratio and each side's tokens/s the median of its runs, so a machine that slows down
+for a while (a noisy neighbour, clock changes) slows both sides of a pair alike instead of one of them. Reports
+tokens/s of both (and every run's), speedup, mean accepted length, per-slot acceptance, output equivalence (greedy:
+fraction of identical rows), device and versions, and what `specformer report` needs for its roofline: model
+bytes/FLOPs and the device's measured read bandwidth and matmul rate.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 from typing import Callable
 
@@ -27,8 +31,8 @@ KEEP = ("tokens_per_second", "run_seconds", "num_generated", "draft_len", "draft
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
-                  batch_sizes: list[int], draft_len: int | str | None, max_new_tokens: int, mesh=None,
-                  log=sys.stderr, on_progress: Callable[[dict], None] | None = None) -> dict:
+                  batch_sizes: list[int], draft_len: int | str | None, max_new_tokens: int, repeats: int = 3,
+                  mesh=None, log=sys.stderr, on_progress: Callable[[dict], None] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured."""
     rows = []
@@ -40,6 +44,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         "device_measured": measure_device(model.cfg.dtype),
         "dtype": model.cfg.dtype,
         "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
         "num_prompts": len(prompts),
         "device": jax.devices()[0].device_kind,
         "platform": jax.devices()[0].platform,
@@ -54,20 +59,29 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         # The prompt set is cycled so every batch is full: batch 64 decodes 64 rows even from 16 prompts.
         rows_in = [prompts[i % len(prompts)] for i in range(max(bs, len(prompts)))]
         row: dict = {"batch_size": bs, "num_rows": len(rows_in)}
-        outputs = {}
         if log and drafter and draft_len == "auto":
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} decoding loops)", file=log)
-        for name, d in (("ar", None), ("spec", drafter)):
-            if name == "spec" and d is None:
-                continue
-            kw = dict(max_new_tokens=max_new_tokens, batch_size=bs, drafter=d, draft_len=draft_len, mesh=mesh)
-            generate(model, rows_in, **kw)  # untimed pass: compiles and runs once every shape timed below
-            res = generate(model, rows_in, **kw)
+        sides = {"ar": None, "spec": drafter} if drafter else {"ar": None}
+        kw = {name: dict(max_new_tokens=max_new_tokens, batch_size=bs, drafter=d, draft_len=draft_len, mesh=mesh)
+              for name, d in sides.items()}
+        for name in sides:
+            generate(model, rows_in, **kw[name])  # untimed pass: compiles and runs once every shape timed below
+        runs: dict[str, list] = {name: [] for name in sides}
+        for i in range(repeats):  # pairs in alternating order (AB BA AB ...): a machine slowing down hits both sides
+            for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+                runs[name].append(generate(model, rows_in, **kw[name]))
+        outputs = {}
+        for name, results in runs.items():
+            res = results[-1]
             row[name] = {k: res.stats[k] for k in KEEP if k in res.stats}
+            row[name]["tokens_per_second"] = statistics.median(r.stats["tokens_per_second"] for r in results)
+            row[name]["run_seconds"] = statistics.median(r.stats["run_seconds"] for r in results)
+            row[name]["tokens_per_second_runs"] = [r.stats["tokens_per_second"] for r in results]
             outputs[name] = res.token_ids
-        if "spec" in row:
-            row["speedup"] = row["spec"]["tokens_per_second"] / row["ar"]["tokens_per_second"]
+        if "spec" in row:  # the median over the pairs of runs, each taken back to back under the same conditions
+            row["speedup"] = statistics.median(s.stats["tokens_per_second"] / a.stats["tokens_per_second"]
+                                               for a, s in zip(runs["ar"], runs["spec"]))
             row["output_equivalence"] = sum(a == b for a, b in zip(outputs["ar"], outputs["spec"])) / len(rows_in)
         rows.append(row)
         if log:
