@@ -183,7 +183,10 @@ def test_slurm_needs_a_command():
 
 
 def test_local_stops_the_others_when_one_fails(tmp_path):
-    script = 'if [ "$SPECFORMER_PROCESS_ID" = 1 ]; then echo boom; exit 3; fi; echo waiting; sleep 60'
+    # process 1 fails once process 0 is running (its log shows it), so that there is a running process to stop
+    script = (f'if [ "$SPECFORMER_PROCESS_ID" = 1 ]; then for _ in $(seq 100); do '
+              f'grep -q waiting {tmp_path}/process-0.log 2>/dev/null && break; sleep 0.1; done; echo boom; exit 3; fi; '
+              'echo waiting; sleep 60')
     start = time.monotonic()
     proc = run([LAUNCH / "local.sh", "--num-processes", "3", "--devices-per-process", "1", "--log-dir", tmp_path,
                 "--", "bash", "-c", script])
