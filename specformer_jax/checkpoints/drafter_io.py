@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
-from specformer_jax.files import write_json
+from specformer_jax.files import file_sha256, write_json
 from specformer_jax.modeling.drafter import init_drafter
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parents[1] / "assets" / "drafter-smollm2-135m-instruct"
@@ -97,5 +96,5 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
-    digest = hashlib.sha256((path / "params.safetensors").read_bytes()).hexdigest()
-    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta, digest)
+    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta,
+                         file_sha256(path / "params.safetensors"))
