@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")  # the CLI's persistent cache stays out of ~/.cache
+# One persistent compile cache for the session, in a temporary directory (not the CLI's ~/.cache/specformer/xla),
+# shared by the CLI subprocesses: programs compiled again, by another test or a run that starts over, load from it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="specformer-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 

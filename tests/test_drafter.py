@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,8 +22,9 @@ def hidden_states(cfg: DrafterConfig, B, T, seed=0):
     return {i: jax.random.normal(keys[n], (B, T, TARGET.hidden_size)) for n, i in enumerate(cfg.resolved_hooks(TARGET))}
 
 
-def run(cfg, params, hidden, cache, **kw):
-    return Drafter(TARGET, cfg).apply({"params": params}, hidden, cache, **kw)
+@functools.partial(jax.jit, static_argnames=("cfg", "num_slots"))
+def run(cfg, params, hidden, cache, num_new=None, slots_at=None, num_slots=None):
+    return Drafter(TARGET, cfg).apply({"params": params}, hidden, cache, num_new, slots_at, num_slots)
 
 
 def test_default_hooks_and_shapes():

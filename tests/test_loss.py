@@ -47,15 +47,16 @@ def test_chunked_loss_and_gradient_equal_dense(chunk):
     argmax = jnp.argmax(Target(TARGET).apply({"params": target_params}, states, method=Target.head), -1)
     labels = jnp.where(jnp.asarray(rng.random((B, T, K)) < 0.6), argmax, labels)  # many right drafts, in runs
 
-    got = chunked_slot_ce(TARGET, target_params, states, labels, weights, chunk, per_position=True)
-    want = dense_sums(target_params, states, labels, weights)
+    chunked = lambda s, **kw: chunked_slot_ce(TARGET, target_params, s, labels, weights, chunk, **kw)
+    got = jax.jit(lambda s: chunked(s, per_position=True))(states)
+    want = jax.jit(dense_sums)(target_params, states, labels, weights)
     assert int(jnp.sum(want["lead"] > 1)) > 3  # the per-position check bites
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
     loss = lambda fn: lambda s: jnp.sum(fn(s)["ce_sum"])
-    g_chunked = jax.grad(loss(lambda s: chunked_slot_ce(TARGET, target_params, s, labels, weights, chunk)))(states)
-    g_dense = jax.grad(loss(lambda s: dense_sums(target_params, s, labels, weights)))(states)
+    g_chunked = jax.jit(jax.grad(loss(chunked)))(states)
+    g_dense = jax.jit(jax.grad(loss(lambda s: dense_sums(target_params, s, labels, weights))))(states)
     np.testing.assert_allclose(g_chunked, g_dense, rtol=1e-5, atol=1e-6)
     assert float(jnp.abs(g_dense[2]).max()) == 0.0  # the unsupervised row gets no gradient
 
@@ -80,11 +81,12 @@ def test_chunked_kl_and_gradient_equal_dense(chunk):
     states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
     teacher = jax.random.normal(jax.random.key(4), (B, T, K, TARGET.hidden_size))
 
-    kl = lambda s: chunked_slot_ce(TARGET, target_params, s, labels, weights, chunk, teacher)["ce_sum"]
-    np.testing.assert_allclose(kl(states), dense_kl(target_params, states, teacher, weights), rtol=1e-5, atol=1e-6)
+    kl = jax.jit(lambda s: chunked_slot_ce(TARGET, target_params, s, labels, weights, chunk, teacher)["ce_sum"])
+    np.testing.assert_allclose(kl(states), jax.jit(dense_kl)(target_params, states, teacher, weights), rtol=1e-5,
+                               atol=1e-6)
     assert float(jnp.min(kl(states))) >= 0.0
-    g = jax.grad(lambda s: jnp.sum(kl(s)))(states)
-    g_dense = jax.grad(lambda s: jnp.sum(dense_kl(target_params, s, teacher, weights)))(states)
+    g = jax.jit(jax.grad(lambda s: jnp.sum(kl(s))))(states)
+    g_dense = jax.jit(jax.grad(lambda s: jnp.sum(dense_kl(target_params, s, teacher, weights))))(states)
     np.testing.assert_allclose(g, g_dense, rtol=1e-5, atol=1e-6)
 
 

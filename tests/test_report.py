@@ -21,16 +21,21 @@ CFG = TargetConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_l
 
 
 def target_params(cfg):
+    """The parameter tree's shapes (all the roofline reads), without computing any values."""
     cache = KVCache.zeros(cfg.num_layers, 1, 8, cfg.num_kv_heads, cfg.head_dim)
-    return Target(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    return jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
 
 
-@pytest.mark.parametrize("tied", [pytest.param(False, marks=pytest.mark.slow), True])  # untied: slow, for CI time
+def drafter_params(cfg, dcfg):
+    return jax.eval_shape(lambda: init_drafter(cfg, dcfg, jax.random.key(1)))
+
+
+@pytest.mark.parametrize("tied", [False, True])
 def test_model_facts_count_the_real_parameters(tied):
     cfg = TargetConfig(**{**CFG.__dict__, "tie_embeddings": tied})
     params = target_params(cfg)
     dcfg = DrafterConfig(num_slots=3)
-    dparams = init_drafter(cfg, dcfg, jax.random.key(1))
+    dparams = drafter_params(cfg, dcfg)
     f = roofline.model_facts(cfg, dcfg, params, dparams)
     flat = traverse_util.flatten_dict(params, sep="/")
     sizes = {k: int(np.prod(v.shape)) for k, v in flat.items()}
@@ -46,7 +51,8 @@ def test_model_facts_count_the_real_parameters(tied):
 
 
 def test_roofline_regimes():
-    f = roofline.model_facts(CFG, DrafterConfig(num_slots=4), target_params(CFG), init_drafter(CFG, DrafterConfig(num_slots=4), jax.random.key(1)))
+    dcfg = DrafterConfig(num_slots=4)
+    f = roofline.model_facts(CFG, dcfg, target_params(CFG), drafter_params(CFG, dcfg))
     bw, peak = 1e12, 1e15
     # batch 1: memory bound, a round reads the weights once like a step: speedup ~ AL * W / (W + Wd)
     t1, r1 = roofline.step_seconds(f, 1, 100, bw, peak), roofline.round_seconds(f, 1, 100, 4, bw, peak)
@@ -65,7 +71,7 @@ def test_roofline_regimes():
 
 def bench_file(tmp_path, name, device="NVIDIA H100", facts=None, measured=None):
     f = facts or roofline.model_facts(CFG, DrafterConfig(num_slots=4), target_params(CFG),
-                                      init_drafter(CFG, DrafterConfig(num_slots=4), jax.random.key(1)))
+                                      drafter_params(CFG, DrafterConfig(num_slots=4)))
     doc = {"command": "specformer bench ...", "device": device, "dtype": "bfloat16", "draft_len": 4, "num_prompts": 16,
            "max_new_tokens": 64, "mean_prompt_tokens": 40.0, "model_facts": f,
            "device_measured": measured or {"read_bandwidth_gb_per_s": 20.0, "matmul_tflop_per_s": 0.2},
