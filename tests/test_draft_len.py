@@ -10,7 +10,7 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter, record_eval, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import draft_len as dl
+from specformer_jax.decoding import api, draft_len as dl
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
@@ -45,6 +45,7 @@ def drafter(model, rates):
 
 def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "_COMPILED", api._Compiled())  # to count the loops compiled below
     d = drafter(model, [0.9, 0.8, 0.7])
     plain = generate(model, PROMPTS, max_new_tokens=12).token_ids
     capsys.readouterr()
@@ -58,6 +59,8 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
     assert auto["predicted_speedup"]["1"] == pytest.approx(1.9 * auto["step_seconds"] / auto["round_seconds"]["1"],
                                                            rel=1e-3)
     assert len(json.loads((tmp_path / "step_costs.json").read_text())) == 1
+    # each of the k = 0..3 loops timed was compiled once (by compile_loops), plus plain decoding above and the chosen k
+    assert len(api._COMPILED._cache) == 1 + 4 + (auto["draft_len"] > 0)
 
     def no_measuring(*a, **k):
         raise AssertionError("costs should come from the cache")

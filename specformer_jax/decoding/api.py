@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-
 import dataclasses
 import sys
 import time
@@ -176,23 +176,13 @@ def generate(
         chunk = ids[start : start + B]
         n = len(chunk)
         prompt_arr, lens, budget = _padded_batch(chunk, B, max_new_tokens)
-        Tp = prompt_arr.shape[1]
         keys = row_keys_all[start : start + n]
         if n < B:  # pad the last chunk with inactive rows so it reuses the compiled function
             keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
         if mesh is not None:
             prompt_arr, lens, budget, keys = jax.device_put((prompt_arr, lens, budget, keys), batch_sharded(mesh))
-        if spec is None:
-            fn = jax.tree_util.Partial(
-                _ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens
-            )
-            args = (params, prompt_arr, lens, budget, keys)
-        else:
-            fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
-                                       sampling=sampling, **spec)
-            args = (params, dparams, prompt_arr, lens, budget, keys)
-        key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
-               drafter and drafter.cfg, mesh)
+        key, fn = _decode_loop(model, drafter, spec, sampling, max_new_tokens, B, prompt_arr.shape[1], mesh)
+        args = (params,) + ((dparams,) if spec else ()) + (prompt_arr, lens, budget, keys)
         compiled, c = _COMPILED.get(key, fn, *args, precision=decode_precision(model.cfg.dtype))
         compile_s += c
         t = time.perf_counter()
@@ -248,6 +238,48 @@ def speculative_stats(rows: dict[str, list]) -> dict:
             "mean_accepted_length": (emitted / np.maximum(rounds, 1)).tolist(),
         },
     }
+
+
+def _decode_loop(model: LoadedTarget, drafter, spec, sampling: SamplingConfig, max_new_tokens: int, B: int, Tp: int,
+                 mesh):
+    """(key in _COMPILED, function) of the decoding loop for B rows of Tp prompt positions: plain decoding when spec is
+    None (arguments: params, prompts, lengths, budgets, row keys), speculative otherwise (params, drafter params, ...)."""
+    if spec is None:
+        fn = jax.tree_util.Partial(_ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids,
+                                   max_new_tokens=max_new_tokens)
+    else:
+        fn = jax.tree_util.Partial(_spec_entry, cfg=model.cfg, eos_ids=model.eos_ids, max_new_tokens=max_new_tokens,
+                                   sampling=sampling, **spec)
+    key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
+           drafter and drafter.cfg, mesh)
+    return key, fn
+
+
+def compile_loops(model: LoadedTarget, drafter: LoadedDrafter, prompts: list[list[int]], draft_lens, *,
+                  max_new_tokens: int, batch_size: int, on_compiled=lambda: None) -> None:
+    """Compile the greedy decoding loops that `generate` runs on these token-id prompts (all one batch shape: equal
+    lengths, one batch) for each of `draft_lens`, all at once in threads: XLA compiles outside the GIL, so K + 1 loops
+    take about as long as the slowest where there are cores to spare. Each is then run for one round, so its first
+    launch costs are paid too, and a `generate` timed afterwards measures decoding alone."""
+    B = min(batch_size, len(prompts))
+    prompt_arr, lens, budget = _padded_batch(prompts[:B], B, max_new_tokens)
+    keys = jax.random.split(jax.random.key(0), B)
+    sampling = SamplingConfig()
+    jobs = []
+    for k in draft_lens:
+        spec = _speculative_setup(model, drafter, k)
+        key, fn = _decode_loop(model, drafter, spec, sampling, max_new_tokens, B, prompt_arr.shape[1], None)
+        jobs.append((key, fn, (model.params,) + ((drafter.params,) if spec else ()) + (prompt_arr, lens, budget, keys)))
+
+    def compile_one(job):
+        compiled = _COMPILED.get(*job[:2], *job[2], precision=decode_precision(model.cfg.dtype))[0]
+        on_compiled()
+        return compiled
+
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        loops = list(pool.map(compile_one, jobs))
+    for loop, (_, _, args) in zip(loops, jobs):
+        jax.block_until_ready(loop(*args[:-2], jnp.minimum(args[-2], 2), args[-1]))  # budget 2: prefill + one round
 
 
 def _speculative_setup(model: LoadedTarget, drafter, draft_len):

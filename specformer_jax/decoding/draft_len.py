@@ -81,24 +81,27 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
     """t_step (plain decoding) and t_round(k) for k = 1..K, timed on the real decoding loops (greedy, compiled, the
     compilation left out): `batch_size` rows decode `new_tokens` tokens from prompts of cache_len - new_tokens / 2
     tokens, so the cache holds cache_len tokens on average. EOS is switched off so every row runs the whole budget;
-    the time per loop iteration then includes everything a round does (verify, acceptance, drafting, bookkeeping)."""
-    from specformer_jax.decoding.api import generate  # api imports this module
+    the time per loop iteration then includes everything a round does (verify, acceptance, drafting, bookkeeping).
+    The K + 1 loops are compiled concurrently first (`compile_loops`), then timed one after the other."""
+    from specformer_jax.decoding.api import compile_loops, generate  # api imports this module
 
     no_eos = dataclasses.replace(model, eos_ids=())
     prompt_len = max(1, cache_len - new_tokens // 2)
     prompts = [[(31 * i + 7 * r + 1) % model.cfg.vocab_size for i in range(prompt_len)] for r in range(batch_size)]
+    ks = range(drafter.cfg.num_slots + 1)
+    bar = tqdm(total=2 * len(ks), desc=f"draft-len auto: timing decode loops at batch {batch_size}",
+               unit="step", file=sys.stderr, disable=not progress)  # compile each loop, then time it
+    with bar:
+        compile_loops(no_eos, drafter, prompts, ks, max_new_tokens=new_tokens, batch_size=batch_size,
+                      on_compiled=lambda: bar.update())
 
-    def per_iteration(k: int) -> float:
-        run = lambda: generate(no_eos, prompts, max_new_tokens=new_tokens, batch_size=batch_size, drafter=drafter,
-                               draft_len=k, remember=False)
-        run()  # compile and warm up
-        stats = run().stats
-        return stats["run_seconds"] / max(stats["decode_steps"], 1)
+        def per_iteration(k: int) -> float:
+            stats = generate(no_eos, prompts, max_new_tokens=new_tokens, batch_size=batch_size, drafter=drafter,
+                             draft_len=k, remember=False).stats
+            bar.update()
+            return stats["run_seconds"] / max(stats["decode_steps"], 1)
 
-    # Each k is its own compiled loop: on an H100 at batch 64, minutes for a 4-slot drafter in all.
-    ks = tqdm(range(drafter.cfg.num_slots + 1), desc=f"draft-len auto: timing decode loops at batch {batch_size}",
-              unit="loop", file=sys.stderr, disable=not progress)
-    times = {k: per_iteration(k) for k in ks}
+        times = {k: per_iteration(k) for k in ks}
     return {"step_seconds": times.pop(0), "round_seconds": times}
 
 
