@@ -184,6 +184,7 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
         pairs = zip(r["spec"]["tokens_per_second_runs"], r["ar"]["tokens_per_second_runs"])
         assert r["speedup"] == pytest.approx(statistics.median(s / a for s, a in pairs))
         assert len(r["spec"]["acceptance_rate_per_slot"]) == 3
+        assert r["ar"]["decode_steps"] >= 1 and r["spec"]["decode_steps"] >= 1  # loop iterations: cost per step
     assert (tmp_path / "r.png").stat().st_size > 0
     assert result["model_facts"]["drafter_weight_bytes"] > 0 and result["device_measured"]["read_bandwidth_gb_per_s"] > 0
     assert main(["report", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.md")]) == 0
