@@ -181,8 +181,8 @@ def generate(
             keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))])
         if mesh is not None:
             prompt_arr, lens, budget, keys = jax.device_put((prompt_arr, lens, budget, keys), batch_sharded(mesh))
-        key, fn = _decode_loop(model, drafter, spec, sampling, max_new_tokens, B, prompt_arr.shape[1], mesh)
-        args = (params,) + ((dparams,) if spec else ()) + (prompt_arr, lens, budget, keys)
+        key, fn, args = _decode_loop(model, drafter, spec, sampling, max_new_tokens, mesh, params, dparams,
+                                     (prompt_arr, lens, budget, keys))
         compiled, c = _COMPILED.get(key, fn, *args, precision=decode_precision(model.cfg.dtype))
         compile_s += c
         t = time.perf_counter()
@@ -240,10 +240,11 @@ def speculative_stats(rows: dict[str, list]) -> dict:
     }
 
 
-def _decode_loop(model: LoadedTarget, drafter, spec, sampling: SamplingConfig, max_new_tokens: int, B: int, Tp: int,
-                 mesh):
-    """(key in _COMPILED, function) of the decoding loop for B rows of Tp prompt positions: plain decoding when spec is
-    None (arguments: params, prompts, lengths, budgets, row keys), speculative otherwise (params, drafter params, ...)."""
+def _decode_loop(model: LoadedTarget, drafter, spec, sampling: SamplingConfig, max_new_tokens: int, mesh, params,
+                 dparams, batch):
+    """(key in _COMPILED, function, its arguments) of the decoding loop for one batch = (prompts [B, Tp], lengths,
+    budgets, row keys): plain decoding when spec is None, speculative (with the drafter's params) otherwise."""
+    B, Tp = batch[0].shape
     if spec is None:
         fn = jax.tree_util.Partial(_ar_entry, cfg=model.cfg, sampling=sampling, eos_ids=model.eos_ids,
                                    max_new_tokens=max_new_tokens)
@@ -252,7 +253,7 @@ def _decode_loop(model: LoadedTarget, drafter, spec, sampling: SamplingConfig, m
                                    sampling=sampling, **spec)
     key = (model.cfg, sampling, model.eos_ids, max_new_tokens, B, Tp, spec and spec["num_slots"],
            drafter and drafter.cfg, mesh)
-    return key, fn
+    return key, fn, (params,) + ((dparams,) if spec else ()) + tuple(batch)
 
 
 def compile_loops(model: LoadedTarget, drafter: LoadedDrafter, prompts: list[list[int]], draft_lens, *,
@@ -264,22 +265,20 @@ def compile_loops(model: LoadedTarget, drafter: LoadedDrafter, prompts: list[lis
     B = min(batch_size, len(prompts))
     prompt_arr, lens, budget = _padded_batch(prompts[:B], B, max_new_tokens)
     keys = jax.random.split(jax.random.key(0), B)
-    sampling = SamplingConfig()
-    jobs = []
-    for k in draft_lens:
-        spec = _speculative_setup(model, drafter, k)
-        key, fn = _decode_loop(model, drafter, spec, sampling, max_new_tokens, B, prompt_arr.shape[1], None)
-        jobs.append((key, fn, (model.params,) + ((drafter.params,) if spec else ()) + (prompt_arr, lens, budget, keys)))
+    specs = [_speculative_setup(model, drafter, k) for k in draft_lens]
+    loop = lambda spec, budget: _decode_loop(model, drafter, spec, SamplingConfig(), max_new_tokens, None,
+                                             model.params, drafter.params, (prompt_arr, lens, budget, keys))
 
-    def compile_one(job):
-        compiled = _COMPILED.get(*job[:2], *job[2], precision=decode_precision(model.cfg.dtype))[0]
+    def compile_one(spec):
+        key, fn, args = loop(spec, budget)
+        compiled = _COMPILED.get(key, fn, *args, precision=decode_precision(model.cfg.dtype))[0]
         on_compiled()
         return compiled
 
-    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        loops = list(pool.map(compile_one, jobs))
-    for loop, (_, _, args) in zip(loops, jobs):
-        jax.block_until_ready(loop(*args[:-2], jnp.minimum(args[-2], 2), args[-1]))  # budget 2: prefill + one round
+    with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:
+        compiled = list(pool.map(compile_one, specs))
+    for fn, spec in zip(compiled, specs):  # a budget of 2 tokens: the prefill and one round
+        jax.block_until_ready(fn(*loop(spec, jnp.minimum(budget, 2))[2]))
 
 
 def _speculative_setup(model: LoadedTarget, drafter, draft_len):
