@@ -259,8 +259,8 @@ def _decode_loop(model: LoadedTarget, drafter, spec, sampling: SamplingConfig, m
 def compile_loops(model: LoadedTarget, drafter: LoadedDrafter, prompts: list[list[int]], draft_lens, *,
                   max_new_tokens: int, batch_size: int, on_compiled=lambda: None) -> None:
     """Compile the greedy decoding loops that `generate` runs on these token-id prompts (all one batch shape: equal
-    lengths, one batch) for each of `draft_lens`, all at once in threads: XLA compiles outside the GIL, so K + 1 loops
-    take about as long as the slowest where there are cores to spare. Each is then run for one round, so its first
+    lengths, one batch) for each of `draft_lens`, all at once in threads: XLA compiles outside the GIL, so the
+    compilations overlap where there are cores to spare. Each is then run for one round, so its first
     launch costs are paid too, and a `generate` timed afterwards measures decoding alone."""
     B = min(batch_size, len(prompts))
     prompt_arr, lens, budget = _padded_batch(prompts[:B], B, max_new_tokens)
