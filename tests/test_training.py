@@ -126,6 +126,12 @@ def test_train_config_errors(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text("steps: 10\nlr: 1\n")
     assert load_train_config(good, ["batch_size=4"]) == TrainConfig(steps=10, lr=1.0, batch_size=4)
+    assert load_train_config(good, ["lr=3e-4"]).lr == 3e-4  # YAML 1.1 reads 3e-4 as a string, as `--help` shows it
+    with pytest.raises(SpecformerError, match="lr must be float"):
+        load_train_config(good, ["lr=fast"])
+    sci = tmp_path / "sci.yaml"
+    sci.write_text("lr: 5e-4\n")  # the same in a config file
+    assert load_train_config(sci, []).lr == 5e-4
     with pytest.raises(SpecformerError, match="unknown setting"):
         load_train_config(good, ["stepz=3"])
     with pytest.raises(SpecformerError, match="steps must be int"):

@@ -77,6 +77,11 @@ def _coerce(name: str, value, hint):
         return tuple(int(v) for v in value)
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise SpecformerError(f"{name} must be {base.__name__}, got {value!r}")
     return value
