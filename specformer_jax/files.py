@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ def atomic_open(path: Path, mode: str = "w"):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, _mode_for(path))  # mkstemp makes it private (0600)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -26,6 +28,16 @@ def atomic_open(path: Path, mode: str = "w"):
     except BaseException:  # KeyboardInterrupt included: leave no temporary file behind
         os.unlink(tmp)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions `open(path, "w")` would leave: the old file's, or 0666 less the umask for a new one."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_atomic(path: Path, text: str) -> None:

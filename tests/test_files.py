@@ -22,6 +22,19 @@ def test_an_interrupted_write_keeps_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["r.json"]
 
 
+def test_written_files_get_the_usual_permissions_not_mkstemps_private_ones(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        write_json(tmp_path / "new.json", {})
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o644
+        (tmp_path / "old.json").write_text("{}")
+        os.chmod(tmp_path / "old.json", 0o640)
+        write_json(tmp_path / "old.json", {"a": 1})  # an existing file keeps its own
+        assert (tmp_path / "old.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
+
+
 def test_safetensors_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     path = tmp_path / "params.safetensors"
     old = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
