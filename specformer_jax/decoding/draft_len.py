@@ -50,8 +50,9 @@ MARGIN = 0.15  # speculative decoding must be predicted at least this much faste
 def default_draft_len(drafter: LoadedDrafter) -> int:
     """Drafts per round when none is asked for: every trained slot on an accelerator, one on a CPU. There a matmul over
     a few rows costs several times one row's rather than one read of the weights, so a draft adds to a round about
-    what it saves: with the shipped drafters (v3, v4) on 2 cores, one draft a round ran 0.86-1.18x plain decoding
-    at batch 1 (about break-even) and four drafts 0.71x (benchmarks/results/bench_cpu_k1*.json,
+    what it saves: with the shipped drafters (v3, v4) on 2 cores, one draft a round ran 1.20x plain decoding at
+    batch 1 on an idle machine, 1.02x with another process busy on one core, 0.86-1.18x in earlier runs, and four
+    drafts 0.71x (benchmarks/results/bench_cpu_quiet.json, bench_cpu_loaded.json, bench_cpu_k1*.json,
     bench_cpu_default*.json, bench_cpu_k4.json)."""
     return 1 if jax.default_backend() == "cpu" else drafter.cfg.num_slots
 
