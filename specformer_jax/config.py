@@ -161,6 +161,9 @@ class DrafterConfig:
     hooks: tuple[int, ...] | None = None  # target hidden states to fuse; None = (0, L/2, L-1, L) (HF indexing)
     slot_attention: str = "bidirectional"  # the paper's design; "causal" (+ RoPE over slots) is the released code's
     intermediate_size: int | None = None  # SwiGLU width; None = the target's
+    # Our extension, off in the paper's design: slots at t also see the embedding of token t + 1, which is known when
+    # drafting (the target's own token: the one emitted after the accepted drafts).
+    next_token_input: bool = False
 
     def __post_init__(self):
         if self.num_slots < 1:

@@ -11,7 +11,7 @@ import pytest
 
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter
-from specformer_jax.training.loss import slot_targets
+from specformer_jax.training.loss import following_tokens, slot_targets
 
 TARGET = TargetConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                       head_dim=8)
@@ -23,8 +23,8 @@ def hidden_states(cfg: DrafterConfig, B, T, seed=0):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots"))
-def run(cfg, params, hidden, cache, num_new=None, slots_at=None, num_slots=None):
-    return Drafter(TARGET, cfg).apply({"params": params}, hidden, cache, num_new, slots_at, num_slots)
+def run(cfg, params, hidden, cache, num_new=None, slots_at=None, num_slots=None, next_embed=None):
+    return Drafter(TARGET, cfg).apply({"params": params}, hidden, cache, num_new, slots_at, num_slots, next_embed)
 
 
 def test_default_hooks_and_shapes():
@@ -52,6 +52,27 @@ def test_slot_i_at_position_t_targets_token_t_plus_2_plus_i():
                 assert float(weights[0, t, i]) == float(t + 2 + i >= 4)
             else:
                 assert float(weights[0, t, i]) == 0.0
+    # a next_token_input drafter at t is given token t + 1 in training (decoding: tests/test_speculative.py's oracle)
+    np.testing.assert_array_equal(np.asarray(following_tokens(tokens))[0, :9], np.arange(101, 110))
+
+
+def test_next_token_input_starts_as_the_paper_drafter_and_changes_only_its_own_position():
+    paper, extended = DrafterConfig(num_slots=4), DrafterConfig(num_slots=4, next_token_input=True)
+    params = init_drafter(TARGET, extended, jax.random.key(5))
+    paper_params = {k: v for k, v in params.items() if not k.startswith("next_")}
+    assert set(params) - set(paper_params) == {"next_norm", "next_proj"}
+    hidden, cache = hidden_states(paper, 2, 6), drafter_cache(TARGET, 2, 6)
+    nxt = jax.random.normal(jax.random.key(6), (2, 6, TARGET.hidden_size))
+    base, _ = run(paper, paper_params, hidden, cache)
+    same, _ = run(extended, params, hidden, cache, next_embed=nxt)
+    np.testing.assert_allclose(np.asarray(same), np.asarray(base), atol=1e-6)  # zero-initialised: continues exactly
+    params["next_proj"]["kernel"] = jax.random.normal(jax.random.key(7), params["next_proj"]["kernel"].shape)
+    a, _ = run(extended, params, hidden, cache, next_embed=nxt)
+    b, _ = run(extended, params, hidden, cache, next_embed=nxt.at[:, 3].add(1.0))
+    changed = ~np.isclose(np.asarray(a), np.asarray(b), atol=1e-6).all(axis=(2, 3))
+    np.testing.assert_array_equal(changed, [[False, False, False, True, False, False]] * 2)
+    with pytest.raises(ValueError, match="needs the embedding"):
+        run(extended, params, hidden, cache)
 
 
 @pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])

@@ -43,12 +43,16 @@ def padded(prompts):
 
 
 def oracle_drafts(sequences, shift=0):
-    """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1)."""
+    """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1). Like a drafter
+    with next_token_input, it is right only when told the token after its position, so the perfect one also checks
+    that the loop passes that token."""
     seqs = jnp.asarray(sequences)
+    at = lambda pos: jnp.take_along_axis(seqs, jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
 
-    def draft(dparams, tparams, hidden, dcache, num_new, slots_at, k=4):
-        pos = dcache.lengths[:, None] + slots_at + 2 + jnp.arange(k)[None, :]  # slot i at t predicts t + 2 + i
-        tok = jnp.take_along_axis(seqs, jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
+    def draft(dparams, tparams, hidden, dcache, num_new, slots_at, next_tokens, k=4):
+        t = dcache.lengths[:, None] + slots_at  # the drafting position
+        tok = at(t + 2 + jnp.arange(k)[None, :])  # slot i at t predicts t + 2 + i
+        tok = jnp.where(next_tokens == at(t + 1), tok, tok + 1)
         return 30.0 * jax.nn.one_hot((tok + shift) % 128, 128), dcache.replace(lengths=dcache.lengths + num_new)
 
     return draft
@@ -67,10 +71,15 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
 
 
 @pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])  # 7 ragged rows cover 1; slow for CI time
-@pytest.mark.parametrize("slot_attention", ["bidirectional", pytest.param("causal", marks=pytest.mark.slow)])
-def test_specformer_drafter_is_lossless(model, rows, slot_attention):
-    cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
-    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(rows)), {})
+@pytest.mark.parametrize("variant", ["bidirectional", pytest.param("causal", marks=pytest.mark.slow), "next_token"])
+def test_specformer_drafter_is_lossless(model, rows, variant):
+    cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
+                        next_token_input=variant == "next_token")
+    params = init_drafter(model.cfg, cfg, jax.random.key(rows))
+    if cfg.next_token_input:  # zero at init; make the input matter
+        w = params["next_proj"]["kernel"]
+        params["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
+    drafter = LoadedDrafter(cfg, params, {})
     prompts = PROMPTS[:rows]
     for k in (4, 2):
         res = generate(model, prompts, max_new_tokens=N, drafter=drafter, draft_len=k)

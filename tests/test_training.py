@@ -180,6 +180,16 @@ def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, 
     assert not np.array_equal(jax.tree.leaves(fresh)[0], jax.tree.leaves(params)[0])
     with pytest.raises(SpecformerError, match="drafter settings"):
         trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"), num_slots=2), target)
+    # a run may add next_token_input: same parameters plus the new input, which starts at zero
+    grown = trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"),
+                                          next_token_input=True), target)
+    assert set(grown) - set(params) == {"next_norm", "next_proj"}
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves({k: grown[k] for k in params})):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.asarray(grown["next_proj"]["kernel"]).any()
+    save_drafter(tmp_path / "n", DrafterConfig(num_slots=3, next_token_input=True), grown, target.cfg, dtype="float32")
+    with pytest.raises(SpecformerError, match="drafter settings"):  # but not drop it
+        trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "n")), target)
 
 
 def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):

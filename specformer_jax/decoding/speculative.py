@@ -18,7 +18,8 @@ from flax import struct
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.autoregressive import is_eos
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens, step_keys
-from specformer_jax.modeling.drafter import Drafter, draft_head_params, draft_logits, drafter_cache
+from specformer_jax.modeling.drafter import (Drafter, draft_head_params, draft_logits, drafter_cache,
+                                             next_token_embedding)
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
@@ -40,7 +41,7 @@ class SpecState:
 
 
 # (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
-#  slots_at [B, 1])
+#  slots_at [B, 1], next_tokens [B, 1]: the token emitted after that position, known when drafting)
 #   -> (draft logits float32[B, k, V], drafter cache)
 DraftFn = Callable
 
@@ -48,9 +49,10 @@ DraftFn = Callable
 def specformer_drafts(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, num_slots: int) -> DraftFn:
     """The SpecFormer drafter as a draft function: logits of its first k slots at one position per row."""
 
-    def draft(dparams, head_params, hidden, dcache, num_new, slots_at):
+    def draft(dparams, head_params, hidden, dcache, num_new, slots_at, next_tokens):
+        next_embed = next_token_embedding(head_params, next_tokens) if drafter_cfg.next_token_input else None
         states, dcache = Drafter(target_cfg, drafter_cfg).apply(
-            {"params": dparams}, hidden, dcache, num_new, slots_at, num_slots
+            {"params": dparams}, hidden, dcache, num_new, slots_at, num_slots, next_embed
         )
         return draft_logits(target_cfg, head_params, states[:, 0]), dcache  # [B, k, V]
 
@@ -127,10 +129,10 @@ def spec_generate(
 
     with jax.named_scope("prefill"):
         logits, cache, hidden = target.apply({"params": params}, prompts, cache, prompt_lens, (prompt_lens - 1)[:, None])
+        keys0 = round_keys(0)
+        first = select_tokens(logits[:, 0], keys0[:, 0], sampling)
         dlogits, dcache = draft_fn(dparams, head, hidden, drafter_cache(cfg, B, S), prompt_lens,
-                                   (prompt_lens - 1)[:, None])
-    keys0 = round_keys(0)
-    first = select_tokens(logits[:, 0], keys0[:, 0], sampling)
+                                   (prompt_lens - 1)[:, None], first[:, None])
     drafts, q = _choose_drafts(dlogits, keys0[:, 2], sampling)
     active = max_new > 0
     zeros = jnp.zeros((B,), jnp.int32)
@@ -163,7 +165,8 @@ def spec_generate(
         done = s.done | (eos_at < count) | (num_out >= max_new)
         keep = jnp.where(live, s.cache.lengths + n + 1, s.cache.lengths)  # x, d_1..d_n stay; the rest is past it
         with jax.named_scope("draft"):
-            dlogits, dcache = draft_fn(dparams, head, hidden, s.dcache, jnp.zeros((B,), jnp.int32), n[:, None])
+            dlogits, dcache = draft_fn(dparams, head, hidden, s.dcache, jnp.zeros((B,), jnp.int32), n[:, None],
+                                      final[:, None])
             drafts, q = _choose_drafts(dlogits, keys[:, 2], sampling)
         return SpecState(
             rounds=s.rounds + 1,

@@ -74,6 +74,10 @@ class Drafter(nn.Module):
         self.slot_attn = SlotAttention(t, causal=c.slot_attention == "causal")
         self.ffn_norm = norm()
         self.ffn = SwiGLU(t.hidden_size, c.intermediate_size or t.intermediate_size, t.dtype)
+        if c.next_token_input:  # zero-initialised: starts as the paper's drafter (and continues one exactly)
+            self.next_norm = norm()
+            self.next_proj = nn.Dense(t.hidden_size, use_bias=False, dtype=t.dtype, param_dtype=t.dtype,
+                                      kernel_init=nn.initializers.zeros)
 
     def __call__(
         self,
@@ -82,12 +86,13 @@ class Drafter(nn.Module):
         num_new: jax.Array | None = None,  # int32[B]: real new tokens per row; default T
         slots_at: jax.Array | None = None,  # int32[B, P]: positions to draft from; default all T
         num_slots: int | None = None,  # k <= K slots to keep (inference may use fewer than trained)
+        next_embed: jax.Array | None = None,  # [B, P, d]: target embedding of the token after each drafting position
     ):
         """Returns (slot states [B, P, k, d] before the target's final norm + LM head, updated cache)."""
         h, cache = self.context(hidden, cache, num_new)
         if slots_at is not None:
             h = jnp.take_along_axis(h, slots_at[:, :, None], axis=1)
-        return self.slots(h, num_slots), cache
+        return self.slots(h, num_slots, next_embed), cache
 
     def context(self, hidden, cache: KVCache, num_new=None):
         """Fuse the hooked states and run the causal context layer: [B, T, d], appending to the cache."""
@@ -103,13 +108,22 @@ class Drafter(nn.Module):
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return x + a, KVCache(k, v, cache.lengths + added)
 
-    def slots(self, h, num_slots=None):
+    def slots(self, h, num_slots=None, next_embed=None):
         """Expand each position into K slots and run the slot encoder layer: [..., d] -> [..., k, d]."""
         t, K = self.target, self.cfg.num_slots
+        if self.cfg.next_token_input:
+            if next_embed is None:
+                raise ValueError("this drafter (next_token_input) needs the embedding of the token after each position")
+            h = h + self.next_proj(self.next_norm(next_embed.astype(h.dtype)))
         m = self.expand(self.expand_norm(h)).reshape(*h.shape[:-1], K, t.hidden_size)
         m = m + self.slot_attn(self.slot_norm(m))  # all K slots attend, so truncating afterwards stays consistent
         m = m[..., : num_slots or K, :]
         return m + self.ffn(self.ffn_norm(m))
+
+
+def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
+    """The target's (frozen) input embedding of the token after each drafting position: int32[...] -> [..., d]."""
+    return jnp.take(target_params["embed"]["embedding"], next_tokens, axis=0)
 
 
 def draft_head_dtype(target_cfg: TargetConfig) -> str:
@@ -144,5 +158,7 @@ def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array):
     """Fresh drafter parameters (shapes only depend on the configs)."""
     hooks = cfg.resolved_hooks(target_cfg)
     hidden = {i: jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype) for i in hooks}
-    init = jax.jit(lambda key: Drafter(target_cfg, cfg).init(key, hidden, drafter_cache(target_cfg, 1, 2))["params"])
+    next_embed = jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype)
+    init = jax.jit(lambda key: Drafter(target_cfg, cfg).init(key, hidden, drafter_cache(target_cfg, 1, 2),
+                                                             next_embed=next_embed)["params"])
     return init(rng)  # compiled: op by op, Flax's init runs several times slower

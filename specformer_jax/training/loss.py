@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.drafter import Drafter, drafter_cache
+from specformer_jax.modeling.drafter import Drafter, drafter_cache, next_token_embedding
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
@@ -27,6 +27,12 @@ def slot_targets(tokens: jax.Array, label_mask: jax.Array, num_slots: int):
     labels = tokens[:, idx]
     weights = jnp.where(inside[None], label_mask[:, idx], 0).astype(jnp.float32)
     return labels, weights
+
+
+def following_tokens(tokens: jax.Array) -> jax.Array:
+    """[B, T]: the token after each position (what a next_token_input drafter sees there; 0 after the last position,
+    whose slots are never supervised)."""
+    return jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
 
 
 def target_hidden(target_cfg: TargetConfig, target_params, tokens, hooks):
@@ -44,8 +50,9 @@ def slot_teacher_index(T: int, num_slots: int) -> jax.Array:
     return jnp.minimum(jnp.arange(T)[:, None] + 1 + jnp.arange(num_slots)[None, :], T - 1)
 
 
-def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T):
-    return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T))[0]
+def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T, next_embed=None):
+    return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T),
+                                                  next_embed=next_embed)[0]
 
 
 def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
@@ -146,7 +153,10 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     hooks = drafter_cfg.resolved_hooks(target_cfg)
     final = target_cfg.num_layers  # hook index of the final-normed output
     hidden = target_hidden(target_cfg, target_params, tokens, hooks + ((final,) if objective == "kl" else ()))
-    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T)
+    next_embed = None
+    if drafter_cfg.next_token_input:
+        next_embed = next_token_embedding(target_params, following_tokens(tokens))
+    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed)
     labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)
     teacher = hidden[final][:, slot_teacher_index(T, drafter_cfg.num_slots)] if objective == "kl" else None
     sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay)

@@ -27,6 +27,7 @@ class TrainConfig:
     hooks: tuple[int, ...] | None = None
     slot_attention: str = "bidirectional"
     intermediate_size: int | None = None  # the drafter's SwiGLU width; None = the target's
+    next_token_input: bool = False  # slots also see the token after their position (our extension; see DrafterConfig)
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
@@ -52,7 +53,7 @@ class TrainConfig:
 
     def drafter(self) -> DrafterConfig:
         return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention,
-                             intermediate_size=self.intermediate_size)
+                             intermediate_size=self.intermediate_size, next_token_input=self.next_token_input)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):

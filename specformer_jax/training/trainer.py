@@ -109,14 +109,19 @@ def load_records(dirs: str, setting: str = "data", for_training: bool = True) ->
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
-    """Random drafter parameters, or those of the drafter directory `init_from` (its settings must be the run's)."""
+    """Random drafter parameters, or those of the drafter directory `init_from`. Its settings must be the run's, except
+    that a run may add next_token_input to a drafter without it: the new input starts at zero, so the run continues
+    exactly where that drafter stands."""
+    fresh = init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
     if cfg.init_from is None:
-        return init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
+        return fresh
     start = load_drafter(cfg.init_from, target)
-    if start.cfg != cfg.drafter():
-        raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
-                              f"{cfg.drafter()}")
-    return start.params
+    if start.cfg == cfg.drafter():
+        return start.params
+    if cfg.next_token_input and start.cfg == dataclasses.replace(cfg.drafter(), next_token_input=False):
+        return {**fresh, **start.params}
+    raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
+                          f"{cfg.drafter()}")
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
