@@ -112,14 +112,14 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
     """Random drafter parameters, or those of the drafter directory `init_from`. Its settings must be the run's, except
     that a run may add next_token_input to a drafter without it: the new input starts at zero, so the run continues
     exactly where that drafter stands."""
-    fresh = init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
+    fresh = lambda: init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
     if cfg.init_from is None:
-        return fresh
+        return fresh()
     start = load_drafter(cfg.init_from, target)
     if start.cfg == cfg.drafter():
         return start.params
     if cfg.next_token_input and start.cfg == dataclasses.replace(cfg.drafter(), next_token_input=False):
-        return {**fresh, **start.params}
+        return {**fresh(), **start.params}
     raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
                           f"{cfg.drafter()}")
 
