@@ -35,9 +35,18 @@ def _mode_for(path: Path) -> int:
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read where the OS shows it (Linux): setting it to read it back would race other threads."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
         umask = os.umask(0)
         os.umask(umask)
-        return 0o666 & ~umask
+        return umask
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -49,6 +58,15 @@ def write_atomic(path: Path, text: str) -> None:
 def write_json(path: Path, doc) -> None:
     """`doc` as indented JSON, written atomically."""
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure saved as PNG, atomically (a viewer never shows half a plot), then closed."""
+    import matplotlib.pyplot as plt
+
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
 
 
 def file_sha256(path: Path) -> str:

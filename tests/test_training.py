@@ -110,6 +110,7 @@ def test_interrupted_run_resumes_to_identical_parameters(tiny_checkpoints, tmp_p
     cfg = config(tiny_checkpoints, tmp_path / "cut")
     with pytest.raises((SpecformerError, RuntimeError)):
         trainer.train(cfg, progress=False)  # dies fetching batch 6; a checkpoint at step 5 (Ctrl-C) or 4 (crash)
+    assert (tmp_path / "cut" / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the step-3 eval
     monkeypatch.setattr(trainer, "training_batches", real)
     with pytest.raises(SpecformerError, match="--resume"):
         trainer.train(cfg, progress=False)  # refuses to overwrite

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specformer_jax.files import save_figure
+
 
 def plot_bench(result: dict, out_png: Path) -> None:
     import matplotlib
@@ -28,5 +30,4 @@ def plot_bench(result: dict, out_png: Path) -> None:
     ax.set(xlabel="batch size", ylabel="tokens/s", title=f"{result.get('model', '')} on {result['device']} ({result['dtype']})")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_png)

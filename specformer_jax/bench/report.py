@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specformer_jax.bench.roofline import device_limits, round_seconds, step_seconds
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import save_figure
 
 
 def load_results(paths: list[Path]) -> list[dict]:
@@ -110,5 +111,4 @@ def plot_report(docs: list[dict], out_png: Path) -> None:
     ax.set(xlabel="batch size", ylabel="speedup over plain decoding", title="SpecFormer speculative decoding")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_png)

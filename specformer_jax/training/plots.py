@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specformer_jax.files import save_figure
+
 
 def plot_training(metrics_path: Path, out_png: Path) -> None:
     import matplotlib
@@ -38,5 +40,4 @@ def plot_training(metrics_path: Path, out_png: Path) -> None:
     ax_acc.set(xlabel="step", ylabel="top-1 accuracy", title=f"{'eval' if evals else 'train'} accuracy per slot")
     ax_acc.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_png)

@@ -191,6 +191,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             tqdm.write(f"eval step {step}: loss {m['loss']:.4f}, accuracy per slot [{acc}], "
                        f"expected accepted length {m['expected_accepted_length']:.3f} (in decoding "
                        f"{m['decoding_accepted_length']:.3f})")
+            plot_training(out / "metrics.jsonl", out / "training_curve.png")  # the curve so far, to look at mid-run
         return m
 
     step = int(state.step)
