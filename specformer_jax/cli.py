@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -36,6 +37,7 @@ def _number(kind, ok, what: str):
 _positive_int = _number(int, lambda v: v >= 1, "a positive integer")
 _positive_float = _number(float, lambda v: v > 0, "a positive number")
 _probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+_seed = _number(int, lambda v: -2**63 <= v < 2**63, "an integer that fits in 64 bits")
 
 
 def _nonneg(kind):
@@ -47,9 +49,23 @@ def _out_file(s: str) -> Path:
     path = Path(s)
     if path.exists() and not path.is_file():
         raise argparse.ArgumentTypeError(f"{s} exists and is not a file")
+    return _writable(s, path)
+
+
+def _out_dir(s: str) -> Path:
+    """An output directory's path, refused before any work when it could not be made or written."""
+    path = Path(s)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} exists and is not a directory")
+    return _writable(s, path)
+
+
+def _writable(s: str, path: Path) -> Path:
     parent = next((a for a in path.absolute().parents if a.exists()), None)
     if parent is not None and not parent.is_dir():
         raise argparse.ArgumentTypeError(f"{s} lies under {parent}, which is a file")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{s}: permission denied (cannot write {path if path.exists() else parent})")
     return path
 
 
@@ -64,10 +80,16 @@ def _draft_len(s: str) -> int | str:
 
 def read_prompts_file(path: Path) -> list:
     """JSONL: each line {"prompt": "..."} or {"input_ids": [...]}."""
-    if not path.is_file():
+    if path.is_dir():
+        raise SpecformerError(f"prompts file {path} is a directory")
+    if not path.exists():
         raise SpecformerError(f"prompts file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecformerError(f"prompts file {path} is not UTF-8 text (byte {e.start})") from None
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -115,7 +137,7 @@ def _add_generate(sub):
     p.add_argument("--temperature", type=_nonneg(float), default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=_probability, default=1.0)
     p.add_argument("--top-k", type=_nonneg(int), default=0, help="0 = off")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--max-cache-len", type=_positive_int, default=None, help="default: the model's context length")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: checkpoint dtype (GGUF: float32)")
@@ -144,6 +166,9 @@ def _run_generate(args) -> int:
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
     drafter = _choose_drafter(args, model)
+    if drafter is None and args.draft_len not in (None, 0):
+        raise SpecformerError(f"--draft-len {args.draft_len} needs a drafter: pass --drafter DIR (this run decodes "
+                              "plainly)")
     load_s = time.perf_counter() - t
     result = generate(
         model,
@@ -206,10 +231,10 @@ def _add_distill(sub):
                    help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line (e.g. from sample-prompts)')
     p.add_argument("--builtin-prompts", type=_positive_int, metavar="N",
                    help="N prompts from the built-in set (before those of --prompts when both are given)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (shards and manifest.json)")
+    p.add_argument("--out", type=_out_dir, required=True, metavar="DIR", help="output directory (shards and manifest.json)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     p.add_argument("--batch-size", type=_positive_int, default=16)
-    p.add_argument("--seed", type=int, default=0, help="seed of --builtin-prompts")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of --builtin-prompts")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--for-eval", action="store_true",
                    help="data to measure drafters on (a training run's eval_data, eval-drafter): evaluation prompts "
@@ -251,8 +276,8 @@ def _add_sample_prompts(sub):
     )
     _add_model(p)
     p.add_argument("--num", type=_positive_int, required=True, metavar="N", help="number of distinct prompts")
-    p.add_argument("--out", type=Path, required=True, metavar="F.jsonl")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=_out_file, required=True, metavar="F.jsonl")
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--temperature", type=_positive_float, default=1.0)
     p.add_argument("--top-p", type=_probability, default=0.95)
     p.add_argument("--max-new-tokens", type=_positive_int, default=96, help="longer requests are dropped")
@@ -322,12 +347,13 @@ def _run_eval_drafter(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.training.data import is_eval_record
-    from specformer_jax.training.distill import manifest_setting, read_distilled, read_manifest
+    from specformer_jax.training.distill import check_vocabulary, manifest_setting, read_distilled, read_manifest
     from specformer_jax.training.evaluate import evaluate_drafter
 
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
     records = read_distilled(args.data)
+    check_vocabulary([args.data], records, target.cfg.vocab_size)
     if not args.all and manifest_setting(read_manifest(args.data), "purpose") != "eval":  # unseen data: score all
         fraction = drafter.meta.get("train_config", {}).get("eval_fraction")
         if fraction is None:
@@ -336,6 +362,9 @@ def _run_eval_drafter(args) -> int:
     if not records:
         raise SpecformerError(f"no records to score in {args.data}")
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size, progress=True)
+    if not result["scored_positions"]:
+        raise SpecformerError(f"no answer position of {args.data} has {drafter.cfg.num_slots} answer tokens after it "
+                              f"within --seq-len {args.seq_len}: nothing to score (raise --seq-len)")
     if args.save:
         record_eval(args.drafter, {**result, "data": str(args.data)})
     json.dump(result, sys.stdout, indent=1)
@@ -371,6 +400,8 @@ def _run_bench(args) -> int:
 
     model = load_target(args.model, attention_impl=args.attention_impl)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
+    if drafter is None and args.draft_len not in (None, 0):
+        raise SpecformerError(f"--draft-len {args.draft_len} needs a drafter; --drafter none times plain decoding only")
     prompts = read_prompts_file(args.prompts)
     head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
@@ -489,11 +520,15 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # recorded in result files
-    _persistent_compile_cache()
     try:
+        _persistent_compile_cache()
         return args.func(args)
     except SpecformerError as e:
         print(f"specformer: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the OS refused (permissions, a file where a directory goes, a full disk)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"specformer: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specformer: interrupted", file=sys.stderr)

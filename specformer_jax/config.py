@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, Mapping
 
 import numpy as np
@@ -15,6 +16,18 @@ from specformer_jax.errors import SpecformerError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive(name: str, value, integer: bool = False):
+    """`value` as an int (integer=True) or a float when it is a positive (finite) number, else a SpecformerError."""
+    number = _is_int(value) if integer else isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise SpecformerError(f"{name} must be a positive {'integer' if integer else 'finite number'}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
@@ -23,6 +36,13 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+
+    def __post_init__(self):
+        for field, name in (("theta", "rope_theta"), ("factor", "factor"), ("low_freq_factor", "low_freq_factor"),
+                            ("high_freq_factor", "high_freq_factor")):
+            object.__setattr__(self, field, _positive(name, getattr(self, field)))
+        object.__setattr__(self, "original_max_position", _positive(
+            "original_max_position_embeddings", self.original_max_position, integer=True))
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """Per-pair rotation frequencies (float64 numpy, static), with the configured scaling applied."""
@@ -43,6 +63,14 @@ class RopeConfig:
         return inv
 
 
+# TargetConfig's integer fields -> the config.json keys they come from
+_CONFIG_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim", "max_position": "max_position_embeddings", "sliding_window": "sliding_window",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
     """Shape and switches of a Llama-family decoder. Covers Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2."""
@@ -53,7 +81,7 @@ class TargetConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int | None = None  # None: hidden_size // num_heads
     rms_norm_eps: float = 1e-5
     rope: RopeConfig = RopeConfig()
     max_position: int = 4096
@@ -66,6 +94,16 @@ class TargetConfig:
     attention_impl: str = "auto"  # pallas_kernels.ragged_attention impl: auto | reference | pallas | interpret | ...
 
     def __post_init__(self):
+        # Validated here, where configs from config.json and from GGUF metadata meet; messages name config.json keys.
+        for field, key in _CONFIG_KEYS.items():
+            if getattr(self, field) is not None or field not in ("head_dim", "sliding_window"):
+                object.__setattr__(self, field, _positive(key, getattr(self, field), integer=True))
+        object.__setattr__(self, "rms_norm_eps", _positive("rms_norm_eps", self.rms_norm_eps))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise SpecformerError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                                      f"({self.num_heads}) when head_dim is not given")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise SpecformerError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads ({self.num_kv_heads})"
@@ -92,65 +130,64 @@ def _get(cfg: Mapping[str, Any], *keys, default=None):
 
 def _rope_from_hf(cfg: Mapping[str, Any]) -> RopeConfig:
     # transformers 5 nests everything under rope_parameters; 4.x uses rope_theta + rope_scaling.
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = dict(cfg.get("rope_scaling") or {})
-    merged = {**scaling, **params}
-    theta = float(_get(merged, "rope_theta", default=_get(cfg, "rope_theta", default=10000.0)))
+    merged = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if not isinstance(cfg.get(key) or {}, Mapping):
+            raise SpecformerError(f"{key} must be an object, got {cfg[key]!r}")
+        merged.update(cfg.get(key) or {})
+    theta = _get(merged, "rope_theta", default=_get(cfg, "rope_theta", default=10000.0))
     kind = merged.get("rope_type") or merged.get("type") or "default"
     if kind == "default":
         return RopeConfig(theta=theta)
     if kind == "linear":
-        return RopeConfig(theta=theta, kind="linear", factor=float(merged["factor"]))
+        return RopeConfig(theta=theta, kind="linear", factor=merged["factor"])
     if kind == "llama3":
         return RopeConfig(
             theta=theta,
             kind="llama3",
-            factor=float(merged["factor"]),
-            low_freq_factor=float(merged["low_freq_factor"]),
-            high_freq_factor=float(merged["high_freq_factor"]),
-            original_max_position=int(merged["original_max_position_embeddings"]),
+            factor=merged["factor"],
+            low_freq_factor=merged["low_freq_factor"],
+            high_freq_factor=merged["high_freq_factor"],
+            original_max_position=merged["original_max_position_embeddings"],
         )
     raise SpecformerError(f"unsupported RoPE scaling type {kind!r} (supported: default, linear, llama3)")
 
 
 def target_config_from_hf(cfg: Mapping[str, Any], dtype: str | None = None) -> TargetConfig:
-    """Build a TargetConfig from a parsed Hugging Face config.json."""
+    """Build a TargetConfig from a parsed Hugging Face config.json (errors do not name the file: callers add it)."""
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise SpecformerError(
-            f"unsupported model_type {model_type!r} in config.json (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     try:
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
         sliding = None
         if model_type == "mistral":
-            sliding = cfg.get("sliding_window")
+            sliding = cfg.get("sliding_window") or None
         elif cfg.get("use_sliding_window"):
             raise SpecformerError(f"{model_type} with use_sliding_window=true is not supported")
         if dtype is None:
             dtype = "bfloat16" if str(_get(cfg, "dtype", "torch_dtype", default="float32")) == "bfloat16" else "float32"
-        return TargetConfig(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        return TargetConfig(  # TargetConfig checks the values
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=_get(cfg, "num_key_value_heads", default=cfg["num_attention_heads"]),
+            head_dim=_get(cfg, "head_dim"),
+            rms_norm_eps=_get(cfg, "rms_norm_eps", default=1e-6),
             rope=_rope_from_hf(cfg),
-            max_position=int(cfg.get("max_position_embeddings", 4096)),
+            max_position=_get(cfg, "max_position_embeddings", default=4096),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
-            sliding_window=int(sliding) if sliding else None,
+            sliding_window=sliding,
             model_type=model_type,
             dtype=dtype,
         )
     except KeyError as e:
-        raise SpecformerError(f"config.json is missing required key {e.args[0]!r}") from None
+        raise SpecformerError(f"missing required key {e.args[0]!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +203,15 @@ class DrafterConfig:
     next_token_input: bool = False
 
     def __post_init__(self):
-        if self.num_slots < 1:
-            raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots}")
+        if not _is_int(self.num_slots) or self.num_slots < 1:
+            raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots!r}")
+        if isinstance(self.hooks, list):
+            object.__setattr__(self, "hooks", tuple(self.hooks))
+        if self.hooks is not None and not (isinstance(self.hooks, tuple) and all(map(_is_int, self.hooks))):
+            raise SpecformerError(f"hooks must be a list of integers, got {self.hooks!r}")
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
-        if self.intermediate_size is not None and self.intermediate_size < 1:
+        if self.intermediate_size is not None and (not _is_int(self.intermediate_size) or self.intermediate_size < 1):
             raise SpecformerError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:

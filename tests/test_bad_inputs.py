@@ -66,6 +66,19 @@ def test_corrupt_gguf(cli_error, tmp_path):
     assert "cannot read GGUF" in line
 
 
+def test_gguf_with_impossible_metadata(cli_error, tmp_path):
+    import gguf
+
+    f = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(f), "llama")
+    for key, value in [("embedding_length", 64), ("attention.head_count", 0), ("feed_forward_length", 128),
+                       ("block_count", 2), ("vocab_size", 128)]:
+        w.add_uint32(f"llama.{key}", value)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    line = cli_error(["generate", "--model", str(f), "--prompt", "hi"])
+    assert f"GGUF file {f}: num_attention_heads must be a positive integer, got 0" in line
+
+
 def test_prompt_longer_than_cache(cli_error, tmp_path, tiny_checkpoints):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"input_ids": list(range(3, 40))}) + "\n")
@@ -120,3 +133,43 @@ def test_console_script_exit_code(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("specformer: error:")
     assert "Traceback" not in proc.stderr
+
+
+def test_prompts_file_that_is_a_directory_or_not_text(cli_error, tmp_path):
+    assert "is a directory" in cli_error(["generate", "--prompts-file", str(tmp_path)])
+    binary = tmp_path / "p.jsonl"
+    binary.write_bytes(b'{"prompt": "\xff\xfe"}\n')
+    assert "not UTF-8 text" in cli_error(["generate", "--prompts-file", str(binary)])
+
+
+def test_seed_that_does_not_fit(cli_error):
+    assert "fits in 64 bits" in cli_error(["generate", "--prompt", "hi", "--seed", str(10**24)])
+
+
+def test_draft_len_without_a_drafter(cli_error, tiny_checkpoints):
+    line = cli_error(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompt", "1", "--draft-len", "3"])
+    assert "needs a drafter" in line
+
+
+def test_outputs_that_cannot_be_written(cli_error, tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    line = cli_error(["distill", "--builtin-prompts", "1", "--out", str(a_file)])
+    assert "exists and is not a directory" in line
+    assert "which is a file" in cli_error(["sample-prompts", "--num", "1", "--out", str(a_file / "x.jsonl")])
+
+
+def test_cache_directory_that_is_a_file(cli_error, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path / "f"))
+    (tmp_path / "f").write_text("")
+    assert "is a file" in cli_error(["generate", "--prompt", "hi"])
+
+
+def test_os_errors_are_one_line(cli_error, tmp_path, monkeypatch):
+    from specformer_jax import cli
+
+    def refused(args):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
+
+    monkeypatch.setattr(cli, "_run_generate", refused)
+    assert cli_error(["generate", "--prompt", "hi"]).endswith("out: Permission denied")

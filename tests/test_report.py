@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -111,3 +112,75 @@ def test_report_errors(tmp_path, cli_error):
     old.write_text(json.dumps({"results": []}))
     assert "no model facts" in cli_error(["report", str(old), "--out", str(tmp_path / "r.md")])
     assert "cannot read" in cli_error(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r.md")])
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+DELETE = object()
+
+
+def changed(tmp_path, name, change):
+    """A real bench result file from benchmarks/results/ with `change` applied to its document."""
+    doc = json.loads((RESULTS / name).read_text())
+    change(doc)
+    path = tmp_path / f"changed_{name}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _set(keys, value):
+    """A change that sets the field at doc[keys[0]][keys[1]]... to value, or deletes it (value DELETE)."""
+    def change(doc):
+        *parents, last = keys
+        for k in parents:
+            doc = doc[k]
+        if value is DELETE:
+            del doc[last]
+        else:
+            doc[last] = value
+    return change
+
+
+@pytest.mark.parametrize("name,keys,value,message", [
+    ("bench_cpu_quiet.json", ["results", 0, "ar"], DELETE, '(batch 1 lacks "ar")'),
+    ("bench_h100_k4.json", ["results", 1, "spec"], DELETE, '(batch 4 lacks "spec")'),
+    ("bench_h100_k4.json", ["results", 2, "speedup"], DELETE, '(batch 16 lacks "speedup")'),
+    ("bench_cpu_quiet.json", ["model_facts", "kv_bytes_per_token"], DELETE,
+     '("model_facts" lacks "kv_bytes_per_token")'),
+    ("bench_cpu_quiet.json", ["model_facts", "drafter_weight_bytes"], DELETE,
+     '("model_facts" lacks "drafter_weight_bytes")'),
+    ("bench_h100_k4.json", ["mean_prompt_tokens"], DELETE, '(the file lacks "mean_prompt_tokens")'),
+    ("bench_cpu_quiet.json", ["results", 0, "ar", "tokens_per_second"], "fast",
+     '(batch 1 "ar" has "tokens_per_second": "fast", not a number)'),
+    ("bench_cpu_quiet.json", ["device_measured"], DELETE, '(the file lacks "device_measured")'),
+    ("bench_cpu_quiet.json", ["device_measured", "read_bandwidth_gb_per_s"], 0,
+     '("device_measured" has "read_bandwidth_gb_per_s": 0, not a positive number)'),
+    ("bench_cpu_quiet.json", ["results", 1, "spec", "mean_accepted_length"], 0,
+     '(batch 8 "spec" has "mean_accepted_length": 0, not a positive number)'),
+])
+def test_report_names_what_a_damaged_bench_file_lacks(tmp_path, cli_error, name, keys, value, message):
+    path = changed(tmp_path, name, _set(keys, value))
+    err = cli_error(["report", str(path), "--out", str(tmp_path / "r.md")])
+    assert f"{path}: not a complete specformer bench result {message}" in err
+
+
+def test_report_marks_a_partial_run(tmp_path):
+    from specformer_jax.cli import main
+
+    def cut_short(doc):
+        doc["results"], doc["complete"] = doc["results"][:1], False
+
+    partial = changed(tmp_path, "bench_cpu_quiet.json", cut_short)
+    assert main(["report", str(partial), str(RESULTS / "bench_cpu_auto_quiet.json"), "--out", str(tmp_path / "r.md"),
+                 "--plot", str(tmp_path / "r.png")]) == 0
+    md = (tmp_path / "r.md").read_text()
+    assert "## cpu (float32) (partial run: 1 batch size)" in md
+    assert md.count("partial run") == 1  # the complete file is not marked
+
+
+def test_report_errors_on_empty_results_and_bench_kernels_files(tmp_path, cli_error):
+    empty = changed(tmp_path, "bench_cpu_quiet.json", _set(["results"], []))
+    assert f'{empty} records no batch sizes (its "results" list is empty)' in cli_error(
+        ["report", str(empty), "--out", str(tmp_path / "r.md")])
+    kernels = RESULTS / "kernels_h100_cold.json"
+    err = cli_error(["report", str(kernels), "--out", str(tmp_path / "r.md")])
+    assert f"{kernels} is a bench-kernels result; report reads specformer bench files" in err

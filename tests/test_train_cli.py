@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,3 +35,34 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     err = main(["eval-drafter", "--model", str(tiny_checkpoints["qwen3"]), "--drafter", str(out / "drafter"),
                 "--data", str(data)])
     assert err == 2 and "different target" in capsys.readouterr().err
+
+    # bad input on the same data and run: one line each, never a traceback from orbax or JAX
+    def error(argv):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return err.strip().splitlines()[-1]
+
+    assert "nothing to score" in error(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"),
+                                        "--data", str(data), "--seq-len", "2"])
+    train = argv[:-2]  # the same run without its SwiGLU width
+    assert "num_slots=3 (now 2)" in error([*train, "--set", "intermediate_size=48", "--set", "num_slots=2", "--resume"])
+    other = tmp_path / "other-vocab"
+    shutil.copytree(data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "vocab_size": 49152}))
+    assert "vocabulary of 49152 tokens" in error([*argv, "--set", f"data={other}", "--set", f"out={tmp_path / 'r2'}"])
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    shard = other / "shard-00000.jsonl"
+    lines = shard.read_text().splitlines()
+    rec = json.loads(lines[0])
+    shard.write_text("\n".join([json.dumps({**rec, "input_ids": rec["input_ids"][:-1] + [5000]}), *lines[1:]]) + "\n")
+    assert "token id 5000 is outside" in error([*argv, "--set", f"data={other}", "--set", f"out={tmp_path / 'r3'}"])
+    shard.write_text("not json\n" + "\n".join(lines[1:]) + "\n")
+    assert "shard-00000.jsonl:1: not valid JSON" in error(["eval-drafter", "--model", model, "--drafter",
+                                                           str(out / "drafter"), "--data", str(other)])
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    last = max((damaged / "checkpoints").iterdir(), key=lambda d: int(d.name) if d.name.isdigit() else -1)
+    shutil.rmtree(last / "state")
+    assert "could not restore checkpoint" in error([*argv, "--set", f"out={damaged}", "--resume"])

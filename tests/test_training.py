@@ -40,6 +40,7 @@ def config(tiny_checkpoints, tmp_path, **kw):
 @pytest.fixture
 def use_records(monkeypatch, records):
     monkeypatch.setattr(trainer, "load_records", lambda *a, **k: records)
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # records in memory: no directories to check
 
 
 def metrics(out, split="train"):
@@ -69,6 +70,7 @@ def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, reco
     real = trainer.load_records
     monkeypatch.setattr(trainer, "load_records",
                         lambda d, setting="data", for_training=True: records if for_training else real(d, setting, False))
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # training records in memory
     cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
     params = trainer.train(cfg, progress=False)["state"].params
     logged = metrics(tmp_path / "run", "eval")[-1]
@@ -144,6 +146,21 @@ def test_train_config_errors(tmp_path):
     with pytest.raises(SpecformerError, match="intermediate_size must be >= 1"):
         load_train_config(good, ["intermediate_size=0"])
     assert load_train_config(good, ["intermediate_size=96"]).drafter().intermediate_size == 96
+    for setting, message in [("lr=.nan", "lr must be a finite number > 0"), ("lr=-1", "lr must be"),
+                             ("adam_eps=0", "adam_eps must be"), ("grad_clip=-1", "grad_clip must be"),
+                             ("warmup_frac=5", r"warmup_frac must be a finite number in \[0, 1\]"),
+                             ("min_lr=2", "min_lr must be"), ("weight_decay=.inf", "weight_decay must be"),
+                             ("chunk_positions=0", "chunk_positions must be >= 1"), ("lr=[", "not valid YAML"),
+                             ("hooks=[a,b]", "hooks must be a list of integers")]:
+        with pytest.raises(SpecformerError, match=message):
+            load_train_config(good, [setting])
+
+
+def test_a_diverging_run_stops_instead_of_exporting_nan(tiny_checkpoints, tmp_path, use_records):
+    cfg = config(tiny_checkpoints, tmp_path, lr=1e30, steps=12, warmup_frac=0.0, save_every=12)  # AdamW moves ~lr
+    with pytest.raises(SpecformerError, match="training diverged"):
+        trainer.train(cfg, progress=False)
+    assert not (tmp_path / "drafter").exists()
 
 
 def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):

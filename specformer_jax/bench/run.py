@@ -24,7 +24,7 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import Prompt, encode_prompts, generate
-from specformer_jax.decoding.draft_len import default_draft_len
+from specformer_jax.decoding.draft_len import check_draft_len, default_draft_len
 
 KEEP = ("tokens_per_second", "run_seconds", "num_generated", "decode_steps", "draft_len", "draft_len_auto",
         "mean_accepted_length", "acceptance_rate_per_slot", "rounds")  # decode_steps: loop iterations (steps, rounds)
@@ -35,6 +35,8 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
                   mesh=None, log=sys.stderr, on_progress: Callable[[dict], None] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured."""
+    if drafter is not None:
+        check_draft_len(drafter, draft_len)  # before the first (plain) pass, not after it
     rows = []
     doc = {
         "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter

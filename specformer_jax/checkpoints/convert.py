@@ -32,15 +32,34 @@ def _set(tree: dict, path: tuple, value):
     tree[path[-1]] = value
 
 
-def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig) -> dict:
-    """Build the parameter tree from a getter of HF-named tensors (numpy, HF [out, in] layout)."""
-    dtype = np.float32 if cfg.dtype == "float32" else ml_dtypes.bfloat16
+def _hf_shapes(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+    """HF layer tensor name -> the shape the config implies ([out, in] for kernels)."""
+    h, q, kv, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    return {
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,),
+    }
 
-    def fetch(name, transpose=False):
+
+def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig, source=None) -> dict:
+    """Build the parameter tree from a getter of HF-named tensors (numpy, HF [out, in] layout).
+
+    Every tensor's shape is checked against the config first; `source` (the checkpoint's path) prefixes errors.
+    """
+    dtype = np.float32 if cfg.dtype == "float32" else ml_dtypes.bfloat16
+    where = f"{source}: " if source is not None else ""
+    shapes = _hf_shapes(cfg)
+
+    def fetch(name, shape, transpose=False):
         try:
             x = np.asarray(get(name))
         except KeyError:
-            raise SpecformerError(f"checkpoint is missing tensor {name!r}") from None
+            raise SpecformerError(f"{where}checkpoint is missing tensor {name!r}") from None
+        if x.shape != shape:
+            raise SpecformerError(f"{where}tensor {name} has shape {x.shape}; the config implies {shape}")
         return (x.T if transpose else x).astype(dtype)
 
     layer_map = list(_LAYER_MAP)
@@ -48,12 +67,13 @@ def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig) -> dict:
         layer_map += [(("attn",) + p, n, t) for p, n, t in _BIAS_MAP]
     if cfg.qk_norm:
         layer_map += [(("attn",) + p, n, t) for p, n, t in _QK_NORM_MAP]
+    embed = (cfg.vocab_size, cfg.hidden_size)
     params: dict = {}
-    _set(params, ("embed", "embedding"), fetch("model.embed_tokens.weight"))
-    _set(params, ("final_norm", "scale"), fetch("model.norm.weight"))
+    _set(params, ("embed", "embedding"), fetch("model.embed_tokens.weight", embed))
+    _set(params, ("final_norm", "scale"), fetch("model.norm.weight", (cfg.hidden_size,)))
     if not cfg.tie_embeddings:
-        _set(params, ("lm_head", "kernel"), fetch("lm_head.weight", transpose=True))
+        _set(params, ("lm_head", "kernel"), fetch("lm_head.weight", embed, transpose=True))
     for path, name, transpose in layer_map:
-        stacked = np.stack([fetch(f"model.layers.{i}.{name}", transpose) for i in range(cfg.num_layers)])
-        _set(params, ("layers",) + path, stacked)
+        layers = [fetch(f"model.layers.{i}.{name}", shapes[name], transpose) for i in range(cfg.num_layers)]
+        _set(params, ("layers",) + path, np.stack(layers))
     return params

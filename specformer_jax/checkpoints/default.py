@@ -24,9 +24,12 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def cache_dir() -> Path:
+    """SPECFORMER_CACHE, else XDG_CACHE_HOME/specformer_jax, else ~/.cache/specformer_jax."""
     root = os.environ.get("SPECFORMER_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specformer_jax"
     )
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise SpecformerError(f"the cache directory {root} is a file: set SPECFORMER_CACHE to a directory")
     return Path(root)
 
 

@@ -75,13 +75,20 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
     try:
         meta = json.loads(meta_path.read_text())
-        raw = dict(meta["drafter"])
-        raw["hooks"] = tuple(raw["hooks"]) if raw.get("hooks") is not None else None
-        cfg = DrafterConfig(**raw)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        if not isinstance(meta, dict):
+            raise SpecformerError("not a JSON object")
+        for key in ("drafter", "target", "eval"):
+            if not isinstance(meta.get(key) or {}, dict):
+                raise SpecformerError(f"{key} must be an object")
+        cfg = DrafterConfig(**meta["drafter"])  # DrafterConfig checks the values
+    except (ValueError, KeyError, TypeError, SpecformerError) as e:
         raise SpecformerError(f"{meta_path} is malformed: {e}") from None
+    rates = (meta.get("eval") or {}).get("acceptance_rate_per_slot")  # read by `--draft-len auto`
+    if rates is not None and not (isinstance(rates, list) and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1 for r in rates)):
+        raise SpecformerError(f"{meta_path}: eval.acceptance_rate_per_slot must be numbers in [0, 1], got {rates!r}")
     want = target_fingerprint(target.cfg)
-    got = meta.get("target", {})
+    got = meta.get("target") or {}
     diff = [f"{k}: drafter {got.get(k)!r} vs target {want[k]!r}" for k in FINGERPRINT_FIELDS if got.get(k) != want[k]]
     if diff:
         raise SpecformerError(f"drafter {path} was made for a different target ({'; '.join(diff)})")

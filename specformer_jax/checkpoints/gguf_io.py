@@ -72,26 +72,26 @@ def load_gguf(path: Path, dtype: str | None = None):
             raise SpecformerError(f"GGUF file {path} has no {key!r} in its metadata")
         return meta[key]
 
-    hidden = int(need(f"{arch}.embedding_length"))
-    heads = int(need(f"{arch}.attention.head_count"))
-    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-    cfg = TargetConfig(
-        vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))),
-        hidden_size=hidden,
-        intermediate_size=int(need(f"{arch}.feed_forward_length")),
-        num_layers=int(need(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope=RopeConfig(theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0))),
-        max_position=int(meta.get(f"{arch}.context_length", 4096)),
-        tie_embeddings="output.weight" not in names,
-        qkv_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
-        model_type=_ARCH_TO_MODEL_TYPE[arch],
-        dtype=dtype or "float32",
-    )
+    try:  # TargetConfig checks the values (a head count of 0, a width that does not divide)
+        cfg = TargetConfig(
+            vocab_size=meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ()))),
+            hidden_size=need(f"{arch}.embedding_length"),
+            intermediate_size=need(f"{arch}.feed_forward_length"),
+            num_layers=need(f"{arch}.block_count"),
+            num_heads=need(f"{arch}.attention.head_count"),
+            num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]),
+            head_dim=meta.get(f"{arch}.attention.key_length"),  # None: hidden_size // heads
+            rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+            rope=RopeConfig(theta=meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            max_position=meta.get(f"{arch}.context_length", 4096),
+            tie_embeddings="output.weight" not in names,
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            model_type=_ARCH_TO_MODEL_TYPE[arch],
+            dtype=dtype or "float32",
+        )
+    except SpecformerError as e:
+        raise SpecformerError(f"GGUF file {path}: {e}") from None
     if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
         raise SpecformerError("GGUF files with RoPE scaling are not supported yet")
     tensors = {}
@@ -101,7 +101,7 @@ def load_gguf(path: Path, dtype: str | None = None):
             continue
         w = np.asarray(gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type)), dtype=np.float32)
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-            w = _unpermute(w, heads if "attn_q" in t.name else kv_heads)
+            w = _unpermute(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
         tensors[hf] = w
     params = params_from_hf(tensors.__getitem__, cfg)
     eos = meta.get("tokenizer.ggml.eos_token_id")

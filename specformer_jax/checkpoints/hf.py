@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,16 +16,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(path.read_text())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise SpecformerError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecformerError(f"{path} must be a JSON object")
+    return doc
 
 
 def load_hf_config(directory: Path, dtype: str | None = None) -> TargetConfig:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SpecformerError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
-    return target_config_from_hf(_read_json(config_path), dtype)
+    doc = _read_json(config_path)
+    try:
+        cfg = target_config_from_hf(doc)
+    except SpecformerError as e:
+        raise SpecformerError(f"{config_path}: {e}") from None
+    return cfg if dtype is None else dataclasses.replace(cfg, dtype=dtype)  # a bad dtype is not the file's fault
 
 
 def load_hf_tensors(directory: Path) -> dict:
@@ -49,7 +58,7 @@ def load_hf(directory: Path, dtype: str | None = None):
     """(config, params, eos_ids, tokenizer-or-None) from a checkpoint directory."""
     cfg = load_hf_config(directory, dtype)
     tensors = load_hf_tensors(directory)
-    params = params_from_hf(tensors.__getitem__, cfg)
+    params = params_from_hf(tensors.__getitem__, cfg, source=directory)
     eos = _eos_ids(directory)
     tokenizer = None
     if any((directory / f).is_file() for f in TOKENIZER_FILES):

@@ -28,15 +28,19 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if n > size - 8:
             raise ValueError("header length runs past the end of the file")
         header = json.loads(bytes(buf[8 : 8 + n]))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
         data = buf[8 + n :]
         out = {}
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
+            if not isinstance(meta, dict):
+                raise ValueError(f"tensor {name!r} has no JSON object describing it")
             lo, hi = meta["data_offsets"]
             dtype = np.dtype(_DTYPES[meta["dtype"]])
             shape = tuple(meta["shape"])
-            if hi > data.size or hi - lo != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            if not 0 <= lo <= hi <= data.size or hi - lo != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
                 raise ValueError(f"tensor {name!r} does not fit its byte range")
             out[name] = data[lo:hi].view(dtype).reshape(shape)
         return out

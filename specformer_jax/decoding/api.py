@@ -17,7 +17,8 @@ from jax.sharding import Mesh
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.decoding.autoregressive import ar_generate
-from specformer_jax.decoding.draft_len import auto_draft_len, default_draft_len, remember_acceptance
+from specformer_jax.decoding.draft_len import (auto_draft_len, check_draft_len, default_draft_len,
+                                                remember_acceptance)
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.errors import SpecformerError
@@ -286,8 +287,7 @@ def _speculative_setup(model: LoadedTarget, drafter, draft_len):
     if drafter is None or draft_len == 0:
         return None
     k = default_draft_len(drafter) if draft_len is None else draft_len
-    if not 1 <= k <= drafter.cfg.num_slots:
-        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {k}")
+    check_draft_len(drafter, k)
     hooks = drafter.cfg.resolved_hooks(model.cfg)
     return {"hooks": hooks, "num_slots": k, "draft_fn": specformer_drafts(model.cfg, drafter.cfg, k)}
 

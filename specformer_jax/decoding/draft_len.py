@@ -66,6 +66,14 @@ def drafter_acceptance(drafter: LoadedDrafter) -> list[float]:
     return [float(r) for r in rates]
 
 
+def check_draft_len(drafter: LoadedDrafter, draft_len: int | str | None) -> None:
+    """Refuse a draft length this drafter cannot decode with, before any compilation."""
+    if draft_len == "auto":
+        drafter_acceptance(drafter)
+    elif draft_len is not None and not 0 <= draft_len <= drafter.cfg.num_slots:
+        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {draft_len}")
+
+
 def predicted_speedups(step_seconds: float, round_seconds: dict[int, float], acceptance: list[float]) -> dict[int, float]:
     """speedup(k) = E(k) * t_step / t_round(k) for every measured k >= 1."""
     return {k: (1.0 + sum(acceptance[:k])) * step_seconds / t for k, t in sorted(round_seconds.items())}

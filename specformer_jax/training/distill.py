@@ -227,5 +227,35 @@ def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_trainin
         path = out_dir / shard_name(k)
         if not path.is_file():
             raise SpecformerError(f"{path} is listed in {MANIFEST} but missing")
-        records += [json.loads(line) for line in path.read_text().splitlines()]
+        records += [_record(path, n, line) for n, line in enumerate(path.read_text().splitlines(), 1)]
     return records
+
+
+def _record(path: Path, n: int, line: str) -> dict:
+    """One shard line, checked for the fields readers use."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise SpecformerError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    if not (isinstance(rec, dict) and isinstance(rec.get("index"), int) and isinstance(rec.get("input_ids"), list)
+            and isinstance(rec.get("prompt_len"), int)):
+        raise SpecformerError(f"{path}:{n}: not a distilled record (index, input_ids, prompt_len)")
+    return rec
+
+
+def check_vocabulary(out_dirs: list[Path], records: list[dict], vocab_size: int) -> None:
+    """Refuse data distilled from a target with another vocabulary, or holding token ids outside this one."""
+    for d in out_dirs:
+        theirs = read_manifest(Path(d))["vocab_size"]
+        if theirs != vocab_size:
+            raise SpecformerError(f"{d} was distilled from a target with a vocabulary of {theirs} tokens; this target "
+                                  f"has {vocab_size}: distill data with this model")
+    where = ", ".join(map(str, out_dirs))
+    try:
+        low = min((min(r["input_ids"], default=0) for r in records), default=0)
+        high = max((max(r["input_ids"], default=0) for r in records), default=0)
+    except TypeError:
+        raise SpecformerError(f"{where}: input_ids must be lists of integers") from None
+    if low < 0 or high >= vocab_size:
+        bad = high if high >= vocab_size else low
+        raise SpecformerError(f"{where}: token id {bad} is outside the vocabulary (0..{vocab_size - 1})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from pallas_kernels import IMPLS
 from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training.loss import OBJECTIVES
+
+
+DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input")  # -> DrafterConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +56,24 @@ class TrainConfig:
     mesh: str = "data=-1"  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (-1: the remaining devices); see parallel.py
 
     def drafter(self) -> DrafterConfig:
-        return DrafterConfig(num_slots=self.num_slots, hooks=self.hooks, slot_attention=self.slot_attention,
-                             intermediate_size=self.intermediate_size, next_token_input=self.next_token_input)
+        return DrafterConfig(**{k: getattr(self, k) for k in DRAFTER_SETTINGS})
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise SpecformerError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_positions < 1 or self.eval_batches < 0:
+            raise SpecformerError(f"chunk_positions must be >= 1 and eval_batches >= 0 (0: no eval), got "
+                                  f"{self.chunk_positions} and {self.eval_batches}")
         if not 0 <= self.eval_fraction < 1:
             raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        bounds = {"lr": (self.lr > 0, "> 0"), "adam_eps": (self.adam_eps > 0, "> 0"),
+                  "grad_clip": (self.grad_clip > 0, "> 0"), "weight_decay": (self.weight_decay >= 0, ">= 0"),
+                  "min_lr": (0 <= self.min_lr <= self.lr, f"in [0, lr] = [0, {self.lr}]"),
+                  "warmup_frac": (0 <= self.warmup_frac <= 1, "in [0, 1]")}
+        for name, (ok, want) in bounds.items():  # NaN fails every comparison
+            if not (ok and math.isfinite(getattr(self, name))):
+                raise SpecformerError(f"{name} must be a finite number {want}, got {getattr(self, name)}")
         self.drafter()  # validates num_slots / slot_attention / intermediate_size
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
@@ -73,9 +86,10 @@ def _coerce(name: str, value, hint):
     if value is None:
         return None
     if base is tuple or typing.get_origin(base) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SpecformerError(f"{name} must be a list, got {value!r}")
-        return tuple(int(v) for v in value)
+        ints = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if not ints:
+            raise SpecformerError(f"{name} must be a list of integers, got {value!r}")
+        return tuple(value)
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if base is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
@@ -105,7 +119,10 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
         key, sep, value = item.partition("=")
         if not sep:
             raise SpecformerError(f"--set expects key=value, got {item!r}")
-        raw[key.strip()] = yaml.safe_load(value)
+        try:
+            raw[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise SpecformerError(f"--set {item}: the value is not valid YAML") from None
     hints = typing.get_type_hints(TrainConfig)
     unknown = sorted(set(raw) - set(hints))
     if unknown:

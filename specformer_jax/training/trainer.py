@@ -24,9 +24,10 @@ from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.parallel import (barrier, batch_sharded, like_params, make_mesh, param_shardings, put_global,
                                      put_process_batch, replicated, to_host)
 from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
+from specformer_jax.training.distill import check_vocabulary
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
-from specformer_jax.training.train_config import TrainConfig
+from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
 
 
 @struct.dataclass
@@ -101,11 +102,31 @@ def load_records(dirs: str, setting: str = "data", for_training: bool = True) ->
     each keeps its own prompt indices, so its held-out split is the one eval-drafter uses on it alone)."""
     from specformer_jax.training.distill import read_distilled
 
-    paths = [d.strip() for d in (dirs or "").split(",") if d.strip()]
+    paths = data_dirs(dirs)
     if not paths:
         raise SpecformerError(f"no data: set `{setting}` to a directory written by `specformer distill` "
                               "(several: dir1,dir2)")
-    return [r for d in paths for r in read_distilled(Path(d), for_training=for_training)]
+    return [r for d in paths for r in read_distilled(d, for_training=for_training)]
+
+
+def data_dirs(dirs: str | None) -> list[Path]:
+    """The directories of a `data` / `eval_data` setting ("dir1,dir2")."""
+    return [Path(d.strip()) for d in (dirs or "").split(",") if d.strip()]
+
+
+def _check_resumable(out: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a run whose checkpoints hold another drafter than these settings make."""
+    try:
+        saved = json.loads((out / "train_config.json").read_text())
+    except (OSError, ValueError):
+        return  # nothing readable to compare with: the restore itself checks shapes
+    mine = dataclasses.asdict(cfg)
+    as_set = lambda v: tuple(v) if isinstance(v, list) else v  # JSON keeps hooks as a list
+    diff = [f"{k}={saved[k]!r} (now {mine[k]!r})" for k in DRAFTER_SETTINGS
+            if isinstance(saved, dict) and k in saved and as_set(saved[k]) != mine[k]]
+    if diff:
+        raise SpecformerError(f"--resume: {out} was trained with {', '.join(diff)}; resume with its drafter "
+                              "settings, or choose another out")
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
@@ -127,6 +148,8 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Run (or resume) a training run; returns the final eval metrics. Everything goes under cfg.out."""
     out = Path(cfg.out).absolute()
+    if out.exists() and not out.is_dir():
+        raise SpecformerError(f"out {cfg.out} exists and is not a directory")
     ckpt_dir = out / "checkpoints"
     if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) and not resume:
         raise SpecformerError(f"{out} already has checkpoints: pass --resume to continue, or choose another out")
@@ -140,7 +163,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
     if cfg.batch_size % jax.process_count():
         raise SpecformerError(f"batch_size {cfg.batch_size} must be a multiple of the {jax.process_count()} processes")
+    if resume:
+        _check_resumable(out, cfg)
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)
+    check_vocabulary(data_dirs(cfg.data), records, target.cfg.vocab_size)
+    if cfg.eval_data is not None:
+        check_vocabulary(data_dirs(cfg.eval_data), eval_recs, target.cfg.vocab_size)
     mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh)
@@ -158,9 +186,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
                                                                                    create=True))
     if resume:
         step = manager.latest_step()
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
-            data=ocp.args.JsonRestore()))
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
+                data=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many kinds (KeyError, ValueError, decode errors) for a damaged checkpoint
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise SpecformerError(f"--resume: could not restore checkpoint {ckpt_dir / str(step)} "
+                                  f"({type(e).__name__}: {first}); delete it to resume from an earlier one") from None
         state = restored["state"]
         # Process 0 wrote its iterator position; every process's iterator has taken as many batches, so the
         # position is the same on all of them.
@@ -208,6 +241,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             tokens += _answer_tokens(batch, placed)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 metrics = _jsonable(metrics)
+                if not np.isfinite(metrics["loss"]):  # nothing after this is worth saving or exporting
+                    raise SpecformerError(f"the loss is {metrics['loss']} at step {step}: training diverged (lr too "
+                                          f"high?); checkpoints up to step {manager.latest_step()} are kept")
                 dt = time.perf_counter() - t0
                 write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt,
                        "seconds_per_step": dt / (step - since), **metrics})
