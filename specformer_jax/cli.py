@@ -166,6 +166,9 @@ def _run_generate(args) -> int:
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
     drafter = _choose_drafter(args, model)
+    if args.max_cache_len and args.max_cache_len > model.cfg.max_position:
+        print(f"specformer: warning: --max-cache-len {args.max_cache_len} is past the model's context length "
+              f"({model.cfg.max_position}): positions beyond it were never trained", file=sys.stderr)
     if drafter is None and args.draft_len not in (None, 0):
         raise SpecformerError(f"--draft-len {args.draft_len} needs a drafter: pass --drafter DIR (this run decodes "
                               "plainly)")

@@ -173,3 +173,13 @@ def test_os_errors_are_one_line(cli_error, tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "_run_generate", refused)
     assert cli_error(["generate", "--prompt", "hi"]).endswith("out: Permission denied")
+
+
+def test_cache_past_the_context_length_warns(tiny_checkpoints, tmp_path, capsys):
+    from specformer_jax.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"input_ids": [1, 5, 9]}\n')
+    assert main(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts),
+                 "--max-new-tokens", "2", "--max-cache-len", "300"]) == 0  # the tiny model's context is 256
+    assert "past the model's context length (256)" in capsys.readouterr().err

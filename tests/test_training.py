@@ -141,6 +141,8 @@ def test_train_config_errors(tmp_path):
         load_train_config(good, ["steps=many"])
     with pytest.raises(SpecformerError, match="does not exist"):
         load_train_config(tmp_path / "nope.yaml")
+    with pytest.raises(SpecformerError, match="is not a file"):
+        load_train_config(tmp_path)
     with pytest.raises(SpecformerError, match="objective must be one of ce, kl"):
         load_train_config(good, ["objective=mse"])
     with pytest.raises(SpecformerError, match="intermediate_size must be >= 1"):
@@ -182,6 +184,8 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
         load_drafter(tmp_path / "d32", other)
     with pytest.raises(SpecformerError, match="not a drafter directory"):
         load_drafter(tmp_path, target)
+    with pytest.raises(SpecformerError, match="does not exist"):
+        load_drafter(tmp_path / "nope", target)
 
 
 def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, tmp_path):
@@ -219,6 +223,8 @@ def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):
     assert [r["index"] for r in both] == [0, 1, 0]  # each keeps its own indices, so its held-out split
     with pytest.raises(SpecformerError, match="set `eval_data`"):
         trainer.load_records(" , ", "eval_data")
+    with pytest.raises(SpecformerError, match="does not exist"):
+        trainer.load_records(str(tmp_path / "c"))
 
 
 @pytest.mark.slow

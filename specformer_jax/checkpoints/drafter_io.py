@@ -71,6 +71,8 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     """
     path = resolve_drafter_path(path)
     meta_path = path / "drafter.json"
+    if not path.exists():
+        raise SpecformerError(f"drafter {path} does not exist")
     if not meta_path.is_file():
         raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
     try:

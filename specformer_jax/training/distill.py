@@ -212,6 +212,8 @@ def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_trainin
     """
     out_dir = Path(out_dir)
     manifest = read_manifest(out_dir)
+    if not out_dir.exists():
+        raise SpecformerError(f"data directory {out_dir} does not exist")
     if manifest is None:
         raise SpecformerError(f"{out_dir} has no {MANIFEST}; it is not the output of `specformer distill`")
     if for_training and manifest_setting(manifest, "purpose") != "train":

@@ -108,7 +108,7 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise SpecformerError(f"config file {path} does not exist")
+            raise SpecformerError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
         try:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
