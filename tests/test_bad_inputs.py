@@ -183,3 +183,58 @@ def test_cache_past_the_context_length_warns(tiny_checkpoints, tmp_path, capsys)
     assert main(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts),
                  "--max-new-tokens", "2", "--max-cache-len", "300"]) == 0  # the tiny model's context is 256
     assert "past the model's context length (256)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_checkpoints):
+    return load_target(tiny_checkpoints["llama3"])
+
+
+@pytest.mark.parametrize("prompts, kwargs, message", [
+    ("Hi", {}, "wrap a single prompt"),  # was split into one prompt per character
+    ([1, 5, 6], {}, "wrap a single prompt"),
+    ([[1.0, 5.7]], {}, "prompt 0 must be text or a list of integer token ids"),  # was truncated to [1, 5]
+    ([[True, False]], {}, "prompt 0 must be text"),
+    ([[1, 5]], {"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+    ([[1, 5]], {"batch_size": "2"}, "batch_size must be an integer"),
+    ([[1, 5]], {"seed": 2**70}, "seed must be in"),
+    ([[1, 5]], {"temperature": None}, "temperature must be a finite number"),
+    ([[1, 5]], {"temperature": 1.0, "top_k": 2.5}, "top_k must be an integer"),
+    ([[1, 5]], {"draft_len": 2}, "needs a drafter"),
+    ([[1, 5]], {"drafter": "default"}, "drafter must be what load_drafter"),
+    ([[1, 5]], {"mesh": "bogus"}, "mesh"),
+])
+def test_generate_refuses_misused_arguments(tiny_model, prompts, kwargs, message):
+    with pytest.raises(SpecformerError, match=message):
+        generate(tiny_model, prompts, max_new_tokens=kwargs.pop("max_new_tokens", 2), **kwargs)
+
+
+def test_generate_takes_id_arrays_and_a_mesh_spec(tiny_model):
+    import numpy as np
+
+    arrays = generate(tiny_model, np.array([[1, 5, 6], [1, 7, 8]]), max_new_tokens=3, mesh="data=1").token_ids
+    assert arrays == generate(tiny_model, [[1, 5, 6], [1, 7, 8]], max_new_tokens=3).token_ids
+
+
+def test_a_drafter_for_another_target_is_refused_before_decoding(tiny_model, tiny_checkpoints):
+    import jax
+
+    from specformer_jax.checkpoints.drafter_io import LoadedDrafter, target_fingerprint
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.modeling.drafter import init_drafter
+
+    other = load_target(tiny_checkpoints["qwen3"]).cfg  # head_dim 32 against 16
+    params = init_drafter(other, DrafterConfig(num_slots=2), jax.random.key(0))
+    with pytest.raises(SpecformerError, match="made for a different target"):
+        generate(tiny_model, [[1, 5]], drafter=LoadedDrafter(DrafterConfig(num_slots=2), params,
+                                                             {"target": target_fingerprint(other)}))
+    with pytest.raises(SpecformerError, match="does not fit the model"):  # no record of its target: shapes tell
+        generate(tiny_model, [[1, 5]], drafter=LoadedDrafter(DrafterConfig(num_slots=2), params, {}))
+
+
+def test_distill_checks_its_arguments_before_writing(tiny_model, tmp_path):
+    from specformer_jax.training.distill import distill
+
+    with pytest.raises(SpecformerError, match="max_new_tokens must be >= 1"):
+        distill(tiny_model, [[1, 5]], tmp_path / "d", max_new_tokens=0, progress=False)
+    assert not (tmp_path / "d").exists()  # a rerun with a good value is not refused as "other settings"

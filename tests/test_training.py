@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training import trainer
@@ -158,6 +159,25 @@ def test_train_config_errors(tmp_path):
             load_train_config(good, [setting])
 
 
+def test_training_and_eval_refuse_misuse_from_python(tiny_checkpoints, tmp_path, records, use_records):
+    with pytest.raises(SpecformerError, match="steps must be int"):
+        config(tiny_checkpoints, tmp_path, steps=2.5)
+    with pytest.raises(SpecformerError, match="cfg must be a TrainConfig"):
+        trainer.train({"steps": 2})
+    with pytest.raises(SpecformerError, match="seq_len 3 leaves no answer token"):  # prompts are 4 to 11 tokens
+        trainer.train(config(tiny_checkpoints, tmp_path, seq_len=3), progress=False)
+    target = load_target(tiny_checkpoints["llama3"])
+    drafter = LoadedDrafter(DrafterConfig(num_slots=3), trainer.initial_params(config(tiny_checkpoints, tmp_path),
+                                                                                target), {})
+    with pytest.raises(SpecformerError, match="non-empty list of distilled records"):
+        evaluate_drafter(target, drafter, [])
+    bad = [{**records[0], "input_ids": records[0]["input_ids"] + [500]}]
+    with pytest.raises(SpecformerError, match="token id 500 is outside"):  # was scored as NaN losses
+        evaluate_drafter(target, drafter, bad)
+    with pytest.raises(SpecformerError, match="nothing to score"):
+        evaluate_drafter(target, drafter, records, seq_len=3)
+
+
 def test_a_diverging_run_stops_instead_of_exporting_nan(tiny_checkpoints, tmp_path, use_records):
     cfg = config(tiny_checkpoints, tmp_path, lr=1e30, steps=12, warmup_frac=0.0, save_every=12)  # AdamW moves ~lr
     with pytest.raises(SpecformerError, match="training diverged"):
@@ -166,7 +186,6 @@ def test_a_diverging_run_stops_instead_of_exporting_nan(tiny_checkpoints, tmp_pa
 
 
 def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
-    from specformer_jax.config import DrafterConfig
     from specformer_jax.modeling.drafter import init_drafter
 
     target = load_target(tiny_checkpoints["llama3"])
@@ -189,7 +208,6 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
 
 
 def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, tmp_path):
-    from specformer_jax.config import DrafterConfig
     from specformer_jax.modeling.drafter import init_drafter
 
     target = load_target(tiny_checkpoints["llama3"])

@@ -65,7 +65,8 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} decoding loops)", file=log)
         sides = {"ar": None, "spec": drafter} if drafter else {"ar": None}
-        kw = {name: dict(max_new_tokens=max_new_tokens, batch_size=bs, drafter=d, draft_len=draft_len, mesh=mesh)
+        kw = {name: dict(max_new_tokens=max_new_tokens, batch_size=bs, drafter=d, draft_len=draft_len if d else None,
+                         mesh=mesh)
               for name, d in sides.items()}
         for name in sides:
             generate(model, rows_in, **kw[name])  # untimed pass: compiles and runs once every shape timed below

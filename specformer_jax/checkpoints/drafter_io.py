@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -64,6 +65,33 @@ def record_eval(path: str | Path, result: dict):
     write_json(meta_path, doc)
 
 
+def _fingerprint_diff(recorded: dict, cfg: TargetConfig) -> str:
+    want = target_fingerprint(cfg)
+    return "; ".join(f"{k}: drafter {recorded.get(k)!r} vs target {want[k]!r}" for k in FINGERPRINT_FIELDS
+                     if recorded.get(k) != want[k])
+
+
+@functools.lru_cache(maxsize=16)
+def expected_params(target: TargetConfig, cfg: DrafterConfig) -> dict:
+    """Flat name -> ShapeDtypeStruct of the parameters a drafter with `cfg` has on `target`."""
+    return traverse_util.flatten_dict(jax.eval_shape(lambda: init_drafter(target, cfg, jax.random.key(0))), sep="/")
+
+
+def check_drafter_fits(drafter, target: TargetConfig) -> None:
+    """Refuse a drafter that was loaded for another target (or is not a loaded drafter at all), before it reaches
+    a Flax shape error deep inside decoding."""
+    if not isinstance(drafter, LoadedDrafter):
+        raise SpecformerError(f"drafter must be what load_drafter(path, model) returns, got {type(drafter).__name__}")
+    diff = _fingerprint_diff(drafter.meta["target"], target) if drafter.meta.get("target") else ""
+    if diff:
+        raise SpecformerError(f"this drafter was made for a different target ({diff})")
+    have = traverse_util.flatten_dict(drafter.params, sep="/")
+    for name, spec in expected_params(target, drafter.cfg).items():
+        if name not in have or tuple(have[name].shape) != tuple(spec.shape):
+            raise SpecformerError(f"this drafter does not fit the model: parameter {name} is missing or has the "
+                                  "wrong shape (a drafter for another target?)")
+
+
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     """Load a drafter directory for `target` ("default": the one shipped for the default model).
 
@@ -89,19 +117,14 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     if rates is not None and not (isinstance(rates, list) and all(
             isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1 for r in rates)):
         raise SpecformerError(f"{meta_path}: eval.acceptance_rate_per_slot must be numbers in [0, 1], got {rates!r}")
-    want = target_fingerprint(target.cfg)
-    got = meta.get("target") or {}
-    diff = [f"{k}: drafter {got.get(k)!r} vs target {want[k]!r}" for k in FINGERPRINT_FIELDS if got.get(k) != want[k]]
+    diff = _fingerprint_diff(meta.get("target") or {}, target.cfg)
     if diff:
-        raise SpecformerError(f"drafter {path} was made for a different target ({'; '.join(diff)})")
+        raise SpecformerError(f"drafter {path} was made for a different target ({diff})")
     tensors = read_safetensors(path / "params.safetensors") if (path / "params.safetensors").is_file() else None
     if tensors is None:
         raise SpecformerError(f"{path} has no params.safetensors")
-    expected = traverse_util.flatten_dict(
-        jax.eval_shape(lambda: init_drafter(target.cfg, cfg, jax.random.key(0))), sep="/"
-    )
     params = {}
-    for name, spec in expected.items():
+    for name, spec in expected_params(target.cfg, cfg).items():
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import numbers
 import sys
 import time
 from typing import Any, Sequence
@@ -15,14 +16,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.decoding.autoregressive import ar_generate
 from specformer_jax.decoding.draft_len import (auto_draft_len, check_draft_len, default_draft_len,
                                                 remember_acceptance)
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.errors import SpecformerError
-from specformer_jax.parallel import batch_sharded, param_shardings
+from specformer_jax.errors import SpecformerError, check_int, check_number
+from specformer_jax.parallel import batch_sharded, make_mesh, param_shardings
 
 Prompt = str | Sequence[int]  # text (tokenized, chat template unless chat=False) or token ids used as they are
 
@@ -52,7 +53,7 @@ def encode_prompts(model: LoadedTarget, prompts: Sequence[Prompt], chat: bool = 
                 p = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
             ids = tok.encode(p, add_special_tokens=not chat)
         else:
-            ids = [int(t) for t in p]
+            ids = _token_ids(i, p)
             bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
             if bad:
                 raise SpecformerError(f"prompt {i}: token id {bad[0]} is outside the vocabulary (size {model.cfg.vocab_size})")
@@ -60,6 +61,28 @@ def encode_prompts(model: LoadedTarget, prompts: Sequence[Prompt], chat: bool = 
             raise SpecformerError(f"prompt {i} is empty")
         out.append(ids)
     return out
+
+
+def _token_ids(i: int, prompt) -> list[int]:
+    """A prompt given as token ids: a sequence (list, tuple, 1-D array) of integers."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and np.issubdtype(prompt.dtype, np.integer):
+        return prompt.tolist()
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                 for t in prompt):
+        return [int(t) for t in prompt]
+    raise SpecformerError(f"prompt {i} must be text or a list of integer token ids, got {prompt!r:.60}")
+
+
+def _checked_prompts(prompts) -> list:
+    """The prompts as a list; a single prompt passed bare (a string, or one list of ids) is refused, not split."""
+    if isinstance(prompts, (str, bytes)) or (isinstance(prompts, (list, tuple)) and prompts
+                                               and isinstance(prompts[0], numbers.Integral)):
+        raise SpecformerError("prompts must be a list of prompts (text or token-id lists): wrap a single prompt "
+                              "as [prompt]")
+    try:
+        return list(prompts)
+    except TypeError:
+        raise SpecformerError(f"prompts must be a list of prompts, got {type(prompts).__name__}") from None
 
 
 def _padded_batch(chunk: list[list[int]], B: int, max_new_tokens: int):
@@ -119,7 +142,7 @@ def generate(
     progress: bool = False,
     drafter: LoadedDrafter | None = None,
     draft_len: int | str | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | str | None = None,
     remember: bool = True,
 ) -> GenerationResult:
     """Decode every prompt (ragged lengths are fine) in batches of `batch_size`, fully on the device.
@@ -128,17 +151,29 @@ def generate(
     `draft_len`: drafts per round, <= the drafter's trained slots (default: all of them on an accelerator, 1 on a CPU,
     see draft_len.default_draft_len; 0: plain decoding), or
     "auto": chosen for this batch size from measured step costs and the drafter's acceptance (see draft_len.py).
-    `mesh` (specformer_jax.parallel.make_mesh): rows sharded over its batch axes, the model by the logical-axis rules
+    `mesh` (specformer_jax.parallel.make_mesh, or its spec such as "data=4,tensor=2"): rows sharded over its batch axes, the model by the logical-axis rules
     (tensor parallel over `tensor`); batch_size is rounded up to a multiple of the batch axes.
     `remember`: fold the measured acceptance into the drafter's running estimate that "auto" uses (draft_len.py).
     """
+    prompts = _checked_prompts(prompts)
     if not prompts:
         raise SpecformerError("no prompts given")
-    if max_new_tokens < 1:
-        raise SpecformerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise SpecformerError(f"batch_size must be >= 1, got {batch_size}")
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    seed = check_int("seed", seed, -2**63, 2**63 - 1)
+    sampling = SamplingConfig(check_number("temperature", temperature), check_int("top_k", top_k, 0),
+                              check_number("top_p", top_p))
+    if drafter is not None:
+        check_drafter_fits(drafter, model.cfg)
+    if draft_len not in (None, "auto"):
+        draft_len = check_int("draft_len", draft_len, 0)
+        if drafter is None and draft_len:
+            raise SpecformerError(f"draft_len={draft_len} needs a drafter (drafter=load_drafter(path, model))")
+    if isinstance(mesh, str):
+        mesh = make_mesh(mesh)
+    if mesh is not None and not {"data", "fsdp", "tensor"} <= set(getattr(mesh, "axis_names", ())):
+        raise SpecformerError("mesh must have the axes data, fsdp and tensor: make it with "
+                              "specformer_jax.parallel.make_mesh (or pass its spec, e.g. \"data=4,tensor=2\")")
     if draft_len == "auto" and drafter is None:
         draft_len = 0
     spec = None if draft_len == "auto" else _speculative_setup(model, drafter, draft_len)

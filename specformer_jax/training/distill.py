@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.decoding.api import Prompt, encode_prompts, generate
-from specformer_jax.errors import SpecformerError
+from specformer_jax.errors import SpecformerError, check_int
 from specformer_jax.files import write_atomic
 from specformer_jax.training.prompts import EVALUATION_PROMPTS, evaluation_prompts, is_evaluation_prompt
 
@@ -143,8 +143,9 @@ def distill(
     """
     if not prompts:
         raise SpecformerError("no prompts given")
-    if shard_size < 1:
-        raise SpecformerError(f"shard_size must be >= 1, got {shard_size}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)  # all checked before the manifest is written
+    batch_size = check_int("batch_size", batch_size, 1)
+    shard_size = check_int("shard_size", shard_size, 1)
     if purpose not in PURPOSES:
         raise SpecformerError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
     if purpose == "train":
@@ -248,11 +249,15 @@ def _record(path: Path, n: int, line: str) -> dict:
 def check_vocabulary(out_dirs: list[Path], records: list[dict], vocab_size: int) -> None:
     """Refuse data distilled from a target with another vocabulary, or holding token ids outside this one."""
     for d in out_dirs:
-        theirs = read_manifest(Path(d))["vocab_size"]
-        if theirs != vocab_size:
+        theirs = read_manifest(Path(d)).get("vocab_size")  # a hand-made manifest may lack it: ids are checked below
+        if theirs not in (None, vocab_size):
             raise SpecformerError(f"{d} was distilled from a target with a vocabulary of {theirs} tokens; this target "
                                   f"has {vocab_size}: distill data with this model")
-    where = ", ".join(map(str, out_dirs))
+    check_token_ids(records, vocab_size, ", ".join(map(str, out_dirs)))
+
+
+def check_token_ids(records: list[dict], vocab_size: int, where: str = "records") -> None:
+    """Refuse records holding token ids outside the vocabulary (they would train or score as NaN)."""
     try:
         low = min((min(r["input_ids"], default=0) for r in records), default=0)
         high = max((max(r["input_ids"], default=0) for r in records), default=0)

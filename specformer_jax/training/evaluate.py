@@ -14,14 +14,24 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.errors import SpecformerError, check_int
 from specformer_jax.training.data import eval_batches
+from specformer_jax.training.distill import check_token_ids
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 
 
 def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list[dict], *, seq_len: int = 512,
                      batch_size: int = 8, progress: bool = False) -> dict:
+    """Per-slot accuracy and loss, both accepted lengths and the per-slot acceptance over `records`
+    (read_distilled's), at most `seq_len` tokens of each."""
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "input_ids" in r
+                                                              for r in records):
+        raise SpecformerError("records must be a non-empty list of distilled records (read_distilled(DIR))")
+    seq_len, batch_size = check_int("seq_len", seq_len, 2), check_int("batch_size", batch_size, 1)
+    check_drafter_fits(drafter, target.cfg)
+    check_token_ids(records, target.cfg.vocab_size)
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
     step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
                                                         drafter_cfg=drafter.cfg, replay=True)[1])
@@ -29,6 +39,9 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
     for b in tqdm(batches, desc="eval", disable=not progress):
         sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
         total = sums if total is None else jax.tree.map(lambda a, c: a + c, total, sums)
+    if not int(total["positions"]):
+        raise SpecformerError(f"no answer position has {drafter.cfg.num_slots} answer tokens after it within seq_len "
+                              f"{seq_len}: nothing to score (raise seq_len)")
     m = metrics_from_sums(total)
     return {
         "num_sequences": len(records),

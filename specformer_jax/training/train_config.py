@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from pathlib import Path
 
@@ -59,6 +60,9 @@ class TrainConfig:
         return DrafterConfig(**{k: getattr(self, k) for k in DRAFTER_SETTINGS})
 
     def __post_init__(self):
+        hints = typing.get_type_hints(TrainConfig)
+        for field in dataclasses.fields(self):  # types first (from YAML, --set or Python), then ranges
+            object.__setattr__(self, field.name, _coerce(field.name, getattr(self, field.name), hints[field.name]))
         for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise SpecformerError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -85,6 +89,8 @@ def _coerce(name: str, value, hint):
     base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType) else hint
     if value is None:
         return None
+    if base is str and isinstance(value, os.PathLike):
+        return os.fspath(value)
     if base is tuple or typing.get_origin(base) is tuple:
         ints = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         if not ints:
@@ -127,4 +133,4 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     unknown = sorted(set(raw) - set(hints))
     if unknown:
         raise SpecformerError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join(hints)}")
-    return TrainConfig(**{k: _coerce(k, v, hints[k]) for k, v in raw.items()})
+    return TrainConfig(**raw)  # which checks every value

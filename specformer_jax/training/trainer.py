@@ -147,6 +147,8 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
 
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Run (or resume) a training run; returns the final eval metrics. Everything goes under cfg.out."""
+    if not isinstance(cfg, TrainConfig):
+        raise SpecformerError(f"cfg must be a TrainConfig (load_train_config(path, overrides)), got {type(cfg).__name__}")
     out = Path(cfg.out).absolute()
     if out.exists() and not out.is_dir():
         raise SpecformerError(f"out {cfg.out} exists and is not a directory")
@@ -159,6 +161,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     train_recs = [r for r in records if not is_eval_record(r["index"], cfg.eval_fraction)]
     eval_recs = ([r for r in records if is_eval_record(r["index"], cfg.eval_fraction)] if cfg.eval_data is None
                  else load_records(cfg.eval_data, "eval_data", for_training=False))
+    if train_recs and all(r["prompt_len"] >= cfg.seq_len for r in train_recs):
+        raise SpecformerError(f"seq_len {cfg.seq_len} leaves no answer token to learn from: every training prompt is "
+                              "at least that long")
     if len(train_recs) < cfg.batch_size:
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
     if cfg.batch_size % jax.process_count():
