@@ -44,6 +44,14 @@ def test_samples_are_finished_distinct_requests_and_a_rerun_extends_the_file(mod
     assert min(r["round"] for r in lines(out)[6:]) > max(r["round"] for r in lines(out)[:6])
 
 
+def test_a_small_num_samples_only_the_rows_it_needs(model, sampled, tmp_path, monkeypatch):
+    rows = []
+    real = sp.generate
+    monkeypatch.setattr(sp, "generate", lambda m, prompts, **kw: rows.append(len(prompts)) or real(m, prompts, **kw))
+    few = sp.sample_prompts(model, 2, tmp_path / "few.jsonl", seed=3, max_new_tokens=48, batch_size=32, progress=False)
+    assert rows == [8] and few == sampled[1][:2]  # the first rows of the same round: what a full batch would keep
+
+
 def test_evaluation_prompts_are_never_kept(model, sampled, tmp_path, monkeypatch):
     first = sampled[1][:2]  # the first samples of seed 3, now declared evaluation prompts
     monkeypatch.setattr(sp, "evaluation_prompts", lambda: frozenset(normalise_prompt(p) for p in first))

@@ -87,8 +87,12 @@ def sample_prompts(
     empty = 0
     with tqdm(total=num, initial=min(len(records), num), unit="prompt", file=sys.stderr, disable=not progress) as bar:
         while len(records) < num:
-            result = generate(model, [prefix] * batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, seed=seed + round_, batch_size=batch_size, chat=False)
+            # A round needs no more rows than twice the requests still missing (a power of two, so few shapes
+            # compile): `--num 2` samples 8 rows, not a whole batch. Row r's key depends on seed + round and r
+            # only, so the rows sampled are the first ones a full batch would have sampled.
+            rows = min(batch_size, max(8, 1 << (2 * (num - len(records)) - 1).bit_length()))
+            result = generate(model, [prefix] * rows, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, seed=seed + round_, batch_size=rows, chat=False)
             added = 0
             for text, ids in zip(result.texts, result.token_ids):
                 key = normalise_prompt(text)
@@ -103,7 +107,7 @@ def sample_prompts(
             empty = 0 if added else empty + 1
             if empty >= MAX_EMPTY_ROUNDS:
                 raise SpecformerError(
-                    f"{MAX_EMPTY_ROUNDS} rounds of {batch_size} samples gave no finished, new request "
+                    f"{MAX_EMPTY_ROUNDS} rounds in a row gave no finished, new request "
                     f"({len(records)} of {num} so far, kept in {out}); try a larger --max-new-tokens"
                 )
     return [r["prompt"] for r in records[:num]]
