@@ -190,8 +190,10 @@ def _run_generate(args) -> int:
         mesh=_mesh(args),
     )
     result.stats["load_seconds"] = load_s
+    result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
     s = result.stats
-    spec = f", mean accepted length {s['mean_accepted_length']:.2f}" if "mean_accepted_length" in s else ""
+    spec = (f", drafter {s['drafter']}, k = {s['draft_len']}, mean accepted length {s['mean_accepted_length']:.2f}"
+            if "mean_accepted_length" in s else ", plain decoding")
     print(
         f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} tokens/s "
         f"(batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; compile {s['compile_seconds']:.1f} s, "
@@ -366,7 +368,8 @@ def _run_eval_drafter(args) -> int:
         raise SpecformerError(f"no records to score in {args.data}")
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size, progress=True)
     if args.save:
-        record_eval(args.drafter, {**result, "data": str(args.data)})
+        saved = record_eval(args.drafter, {**result, "data": str(args.data)})
+        print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

@@ -99,3 +99,9 @@ def test_seed_changes_samples_and_is_reproducible(llama):
     b = generate(llama, ROWS, max_new_tokens=8, temperature=1.0, seed=1).token_ids
     c = generate(llama, ROWS, max_new_tokens=8, temperature=1.0, seed=2).token_ids
     assert a == b and a != c
+
+
+def test_decode_steps_count_loop_iterations_without_the_prefill(llama):
+    no_eos = dataclasses.replace(llama, eos_ids=())
+    stats = generate(no_eos, [[1, 5, 9]], max_new_tokens=8).stats
+    assert stats["num_generated"] == 8 and stats["decode_steps"] == 7  # the prefill emits the first token

@@ -70,10 +70,10 @@ def test_roofline_regimes():
     assert rk / tk == pytest.approx(1.0, rel=1e-3)
 
 
-def bench_file(tmp_path, name, device="NVIDIA H100", facts=None, measured=None):
+def bench_file(tmp_path, name, device="NVIDIA H100", facts=None, measured=None, dtype="bfloat16"):
     f = facts or roofline.model_facts(CFG, DrafterConfig(num_slots=4), target_params(CFG),
                                       drafter_params(CFG, DrafterConfig(num_slots=4)))
-    doc = {"command": "specformer bench ...", "device": device, "dtype": "bfloat16", "draft_len": 4, "num_prompts": 16,
+    doc = {"command": "specformer bench ...", "device": device, "dtype": dtype, "draft_len": 4, "num_prompts": 16,
            "max_new_tokens": 64, "mean_prompt_tokens": 40.0, "model_facts": f,
            "device_measured": measured or {"read_bandwidth_gb_per_s": 20.0, "matmul_tflop_per_s": 0.2},
            "results": [{"batch_size": b, "ar": {"tokens_per_second": 100.0 * b},
@@ -91,17 +91,22 @@ def test_report_lays_devices_side_by_side(tmp_path, capsys):
     assert main(["report", str(gpu), str(cpu), "--out", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")]) == 0
     md = (tmp_path / "r.md").read_text()
     assert "## NVIDIA H100 (bfloat16)" in md and "## cpu (bfloat16)" in md
-    assert "3350 GB/s, 989.00 TFLOP/s" in md and "(measured): 20 GB/s, 0.20 TFLOP/s" in md
-    rows = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 8 |")]
+    assert "(spec sheet, bf16 peak): 3,350 GB/s, 989.0 TFLOP/s" in md and "(measured): 20 GB/s, 0.2 TFLOP/s" in md
+    rows = [line for line in md.splitlines() if line.startswith(("| 1 |", "| 8 |")) and line.count("|") == 13]
     assert len(rows) == 4 and all("1.50x" in r and "100%" in r for r in rows)
+    assert "| 8 | 1.50x (roofline" in md  # the speedups side by side, one column per file
     doc = json.loads(cpu.read_text())
     t = roofline.step_seconds(doc["model_facts"], 8, 40.0 + 32, 20e9, 0.2e12)
-    assert f"| 8 | 800.0 | {8 / t:.1f} |" in md
+    assert f"| 8 | 800 | {8 / t:,.0f} |" in md
+    # a float32 model decodes at full precision: the roofline takes the float32 peak, not the bf16 one
+    f32 = bench_file(tmp_path, "f32.json", dtype="float32")
+    assert main(["report", str(f32), "--out", str(tmp_path / "f.md")]) == 0
+    assert "(spec sheet, float32 peak): 3,350 GB/s, 67.0 TFLOP/s" in (tmp_path / "f.md").read_text()
     assert (tmp_path / "r.png").stat().st_size > 0
     # result files from before the read-bandwidth probe recorded a copy bandwidth, which is used for them
     old = bench_file(tmp_path, "old.json", device="cpu", measured={"copy_bandwidth_gb_per_s": 7.0, "matmul_tflop_per_s": 0.2})
     assert main(["report", str(old), "--out", str(tmp_path / "o.md")]) == 0
-    assert "(measured): 7 GB/s, 0.20 TFLOP/s" in (tmp_path / "o.md").read_text()
+    assert "(measured): 7 GB/s, 0.2 TFLOP/s" in (tmp_path / "o.md").read_text()
 
 
 def test_report_errors(tmp_path, cli_error):
@@ -174,7 +179,7 @@ def test_report_marks_a_partial_run(tmp_path):
                  "--plot", str(tmp_path / "r.png")]) == 0
     md = (tmp_path / "r.md").read_text()
     assert "## cpu (float32) (partial run: 1 batch size)" in md
-    assert md.count("partial run") == 1  # the complete file is not marked
+    assert "## cpu (float32)\n" in md  # the complete file is not marked
 
 
 def test_report_errors_on_empty_results_and_bench_kernels_files(tmp_path, cli_error):

@@ -147,27 +147,52 @@ def _label(doc: dict) -> str:
     return f"{doc['device']} ({doc['dtype']}){partial}"
 
 
+def _setup(doc: dict) -> str:
+    """What besides the device sets a file's numbers: drafts per round, drafter and answer length."""
+    sha = doc.get("drafter_sha256")
+    drafter = doc.get("drafter", "?") + (f" (sha256 {sha[:8]})" if sha else "")
+    return f"k = {doc.get('draft_len', '?')}, drafter {drafter}, {doc['max_new_tokens']} new tokens"
+
+
+def _tps(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
 def render_markdown(docs: list[dict]) -> str:
     lines = ["# specformer benchmark report", "",
-             "Roofline: t = max(bytes / bandwidth, FLOPs / peak) per plain step and per speculative round "
-             "(`specformer_jax/bench/roofline.py`); speculative estimates use the measured mean accepted length (AL). "
-             "`% roof` = measured / roofline tokens/s.", ""]
+             "Plain = autoregressive decoding, one token per step; speculative = SpecFormer drafting k tokens per "
+             "round, AL = mean accepted length (tokens per round). Roofline: t = max(bytes / bandwidth, FLOPs / peak) "
+             "per plain step and per speculative round (`specformer_jax/bench/roofline.py`), the speculative one at "
+             "the measured AL; `% of roofline` = measured / roofline tokens/s.", ""]
+    setups = {_setup(doc) for doc in docs}
+    if len(docs) > 1:
+        lines += ["## Speedup side by side", ""]
+        if len(setups) > 1:
+            lines += ["The files differ in more than the device (draft length, drafter or answer length): "
+                      + "; ".join(f"{_label(d)}: {_setup(d)}" for d in docs) + ".", ""]
+        by_file = [{r["batch_size"]: r for r in estimate(doc)} for doc in docs]
+        lines += ["| batch | " + " | ".join(_label(d) for d in docs) + " |",
+                  "|---:|" + "---:|" * len(docs)]
+        for b in sorted({b for rows in by_file for b in rows}):
+            cells = [f"{rows[b]['speedup']:.2f}x (roofline {rows[b]['speedup_roofline']:.2f}x)"
+                     if "spec" in rows.get(b, {}) else "" for rows in by_file]
+            lines.append(f"| {b} | " + " | ".join(cells) + " |")
+        lines.append("")
     for doc in docs:
         bw, peak, source = device_limits(doc)
         v = doc.get("versions", {})
         lines += [f"## {_label(doc)}", "",
                   f"`{doc.get('command', '?')}` → `{doc['_path']}`  ",
-                  f"model {doc.get('model', '?')}, drafter {doc.get('drafter', '?')}, {doc['num_prompts']} prompts, "
-                  f"{doc['max_new_tokens']} new tokens, jax {v.get('jax', '?')}; limits ({source}): "
-                  f"{bw / 1e9:.0f} GB/s, {peak / 1e12:.2f} TFLOP/s", "",
-                  "| batch | AR tok/s | AR roofline | % roof | k | AL | spec tok/s | spec roofline | % roof | speedup "
-                  "| roofline speedup | same output |",
+                  f"model {doc.get('model', '?')}, {_setup(doc)}, {doc['num_prompts']} prompts, "
+                  f"jax {v.get('jax', '?')}; limits ({source}): {bw / 1e9:,.0f} GB/s, {peak / 1e12:.1f} TFLOP/s", "",
+                  "| batch | plain tok/s | plain roofline tok/s | % of roofline | k | AL | speculative tok/s "
+                  "| speculative roofline tok/s | % of roofline | speedup | roofline speedup | same output |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in estimate(doc):
-            cells = [r["batch_size"], f"{r['ar']:.1f}", f"{r['ar_roofline']:.1f}", f"{100 * r['ar'] / r['ar_roofline']:.0f}%"]
+            cells = [r["batch_size"], _tps(r["ar"]), _tps(r["ar_roofline"]), f"{100 * r['ar'] / r['ar_roofline']:.0f}%"]
             if "spec" in r:
                 eq = "" if r["equivalence"] is None else f"{100 * r['equivalence']:.0f}%"
-                cells += [r["k"], f"{r['al']:.2f}", f"{r['spec']:.1f}", f"{r['spec_roofline']:.1f}",
+                cells += [r["k"], f"{r['al']:.2f}", _tps(r["spec"]), _tps(r["spec_roofline"]),
                           f"{100 * r['spec'] / r['spec_roofline']:.0f}%", f"{r['speedup']:.2f}x",
                           f"{r['speedup_roofline']:.2f}x", eq]
             else:
@@ -183,17 +208,18 @@ def plot_report(docs: list[dict], out_png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 5))
     for i, doc in enumerate(docs):
         rows = [r for r in estimate(doc) if "spec" in r]
         if not rows:
             continue
         bs = [r["batch_size"] for r in rows]
-        ax.plot(bs, [r["speedup"] for r in rows], "o-", color=f"C{i}", label=f"{_label(doc)} measured")
-        ax.plot(bs, [r["speedup_roofline"] for r in rows], "--", color=f"C{i}", label=f"{_label(doc)} roofline")
+        label = f"{_label(doc)}, {_setup(doc)}"
+        ax.plot(bs, [r["speedup"] for r in rows], "o-", color=f"C{i}", label=f"{label}: measured")
+        ax.plot(bs, [r["speedup_roofline"] for r in rows], "--", color=f"C{i}", label=f"{label}: roofline")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="batch size", ylabel="speedup over plain decoding", title="SpecFormer speculative decoding")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     fig.tight_layout()
     save_figure(fig, out_png)

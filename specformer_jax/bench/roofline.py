@@ -20,19 +20,21 @@ import numpy as np
 
 from specformer_jax.config import DrafterConfig, TargetConfig
 
-# Published per-chip limits: HBM bandwidth (GB/s) and dense bf16 matmul peak (TFLOP/s).
+# Published per-chip limits: HBM bandwidth (GB/s), dense bf16 matmul peak and float32 matmul peak (TFLOP/s). A
+# float32 model decodes at full precision (decode_precision in decoding/api.py): on GPUs the FP32 units, not TF32;
+# on TPUs XLA's six bf16 passes, so a sixth of the bf16 peak.
 DEVICE_SPECS = {
-    "NVIDIA H100 80GB HBM3": (3350.0, 989.0),
-    "NVIDIA H100": (3350.0, 989.0),
-    "NVIDIA H200": (4800.0, 989.0),
-    "NVIDIA A100-SXM4-80GB": (2039.0, 312.0),
-    "NVIDIA A100-SXM4-40GB": (1555.0, 312.0),
-    "TPU v4": (1200.0, 275.0),
-    "TPU v5 lite": (819.0, 197.0),
-    "TPU v5e": (819.0, 197.0),
-    "TPU v5p": (2765.0, 459.0),
-    "TPU v6 lite": (1640.0, 918.0),
-    "TPU v6e": (1640.0, 918.0),
+    "NVIDIA H100 80GB HBM3": (3350.0, 989.0, 67.0),
+    "NVIDIA H100": (3350.0, 989.0, 67.0),
+    "NVIDIA H200": (4800.0, 989.0, 67.0),
+    "NVIDIA A100-SXM4-80GB": (2039.0, 312.0, 19.5),
+    "NVIDIA A100-SXM4-40GB": (1555.0, 312.0, 19.5),
+    "TPU v4": (1200.0, 275.0, 275.0 / 6),
+    "TPU v5 lite": (819.0, 197.0, 197.0 / 6),
+    "TPU v5e": (819.0, 197.0, 197.0 / 6),
+    "TPU v5p": (2765.0, 459.0, 459.0 / 6),
+    "TPU v6 lite": (1640.0, 918.0, 918.0 / 6),
+    "TPU v6e": (1640.0, 918.0, 918.0 / 6),
 }
 
 
@@ -84,7 +86,8 @@ def device_limits(result: dict) -> tuple[float, float, str]:
     measurement (read bandwidth and matmul rate in the model's dtype; older result files measured a copy)."""
     spec = DEVICE_SPECS.get(result.get("device", ""))
     if spec is not None:
-        return spec[0] * 1e9, spec[1] * 1e12, "spec sheet"
+        f32 = result.get("dtype") == "float32"
+        return spec[0] * 1e9, spec[2 if f32 else 1] * 1e12, f"spec sheet, {'float32' if f32 else 'bf16'} peak"
     m = result.get("device_measured")
     if not m:
         raise ValueError("no published limits for this device and no device_measured in the result file")

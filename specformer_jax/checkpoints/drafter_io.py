@@ -57,12 +57,14 @@ def resolve_drafter_path(path: str | Path) -> Path:
     return Path(path).expanduser()
 
 
-def record_eval(path: str | Path, result: dict):
-    """Store evaluation numbers in the drafter's drafter.json (`--draft-len auto` reads its per-slot acceptance)."""
+def record_eval(path: str | Path, result: dict) -> Path:
+    """Store evaluation numbers in the drafter's drafter.json (`--draft-len auto` reads its per-slot acceptance);
+    returns that file's path."""
     meta_path = resolve_drafter_path(path) / "drafter.json"
     doc = json.loads(meta_path.read_text())
     doc["eval"] = result
     write_json(meta_path, doc)
+    return meta_path
 
 
 def _fingerprint_diff(recorded: dict, cfg: TargetConfig) -> str:

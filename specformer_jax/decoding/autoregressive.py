@@ -38,7 +38,9 @@ def ar_generate(
     eos_ids: tuple[int, ...],
     max_new_tokens: int,  # static N >= max(max_new): output buffer width and loop bound
 ):
-    """Returns (tokens int32[B, N], num_out int32[B], steps int32[]). Tokens past num_out are 0."""
+    """Returns (tokens int32[B, N], num_out int32[B], steps int32[]). Tokens past num_out are 0. steps counts the
+    decoding loop's iterations (the prefill, which emits the first token, not among them), as the speculative loop
+    counts its rounds."""
     model = Target(cfg)
     B, Tp = prompts.shape
     N = max_new_tokens
@@ -71,4 +73,4 @@ def ar_generate(
         return ARState(s.step + 1, cache, jnp.where(live, tok, s.last), out, num_out, done)
 
     final = jax.lax.while_loop(cond, body, state)
-    return final.out, final.num_out, final.step
+    return final.out, final.num_out, final.step - 1

@@ -204,6 +204,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         # position is the same on all of them.
         data_iter.set_state(restored["data"])
     is_main = jax.process_index() == 0
+    if resume and is_main and progress:
+        print(f"specformer: resuming {out} from its checkpoint at step {step} of {cfg.steps}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "metrics.jsonl", "a") if is_main else None
     if is_main:
