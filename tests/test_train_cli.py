@@ -66,3 +66,6 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     last = max((damaged / "checkpoints").iterdir(), key=lambda d: int(d.name) if d.name.isdigit() else -1)
     shutil.rmtree(last / "state")
     assert "could not restore checkpoint" in error([*argv, "--set", f"out={damaged}", "--resume"])
+    # resuming with another model of the same shapes works, with a warning (a moved checkpoint is legitimate)
+    assert main([*argv, "--set", f"model={tiny_checkpoints['qwen2']}", "--resume"]) == 0
+    assert "was trained on model" in capsys.readouterr().err

@@ -127,6 +127,9 @@ def _check_resumable(out: Path, cfg: TrainConfig) -> None:
     if diff:
         raise SpecformerError(f"--resume: {out} was trained with {', '.join(diff)}; resume with its drafter "
                               "settings, or choose another out")
+    if isinstance(saved, dict) and saved.get("model", cfg.model) != cfg.model:  # a moved checkpoint is fine
+        print(f"specformer: warning: {out} was trained on model {saved['model']}, resuming with {cfg.model}",
+              file=sys.stderr)
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
