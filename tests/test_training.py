@@ -122,6 +122,31 @@ def test_interrupted_run_resumes_to_identical_parameters(tiny_checkpoints, tmp_p
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_an_eval_cut_by_ctrl_c_runs_again_on_resume(tiny_checkpoints, tmp_path, use_records, monkeypatch):
+    real, calls = trainer.make_steps, []
+
+    def stopped_in_second_eval(*args, **kwargs):
+        train_step, eval_step = real(*args, **kwargs)
+
+        def eval_then_ctrl_c(*a):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return eval_step(*a)
+
+        return train_step, eval_then_ctrl_c
+
+    monkeypatch.setattr(trainer, "make_steps", stopped_in_second_eval)
+    cfg = config(tiny_checkpoints, tmp_path, steps=6)  # evals at steps 3 and 6
+    with pytest.raises(SpecformerError, match="interrupted; checkpoint at step 6"):
+        trainer.train(cfg, progress=False)
+    monkeypatch.setattr(trainer, "make_steps", real)
+    trainer.train(cfg, resume=True, progress=False)
+    assert [m["step"] for m in metrics(tmp_path, "eval")] == [3, 6]  # the last eval was lost, and with it the
+    recorded = json.loads((tmp_path / "drafter" / "drafter.json").read_text())["eval"]  # drafter's record of it
+    assert recorded["acceptance_rate_per_slot"] == metrics(tmp_path, "eval")[-1]["acceptance_rate_per_slot"]
+
+
 def test_train_config_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1, 2\n")

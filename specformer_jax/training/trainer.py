@@ -109,6 +109,19 @@ def load_records(dirs: str, setting: str = "data", for_training: bool = True) ->
     return [r for d in paths for r in read_distilled(d, for_training=for_training)]
 
 
+def _logged_eval_steps(metrics: Path) -> set[int]:
+    """Steps whose eval metrics.jsonl already holds (a line cut by a crash is skipped)."""
+    steps = set()
+    for line in metrics.read_text().splitlines() if metrics.is_file() else ():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("split") == "eval":
+            steps.add(record["step"])
+    return steps
+
+
 def data_dirs(dirs: str | None) -> list[Path]:
     """The directories of a `data` / `eval_data` setting ("dir1,dir2")."""
     return [Path(d.strip()) for d in (dirs or "").split(",") if d.strip()]
@@ -224,10 +237,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
             log.write(json.dumps(record) + "\n")
             log.flush()
 
-    def run_eval(step: int) -> dict:
+    def run_eval(step: int, unless_logged: bool = False) -> dict:
         if not evals:
             return {}
         m = _summaries([eval_step(state.params, target.params, put_global(b, batch_sharded(mesh))) for b in evals])
+        if unless_logged and is_main and step in _logged_eval_steps(out / "metrics.jsonl"):
+            return m
         write({"split": "eval", "step": step, **m})
         if is_main:
             acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
@@ -241,6 +256,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     data_state = data_iter.get_state()  # data position matching `state`: saved together, always
     bar = tqdm(total=cfg.steps, initial=step, desc="train", file=sys.stderr, disable=not (progress and is_main))
     last_eval: dict = {}
+    if resume and step % cfg.eval_every == 0:  # Ctrl-C during this step's eval saved the step but not the eval
+        last_eval = run_eval(step, unless_logged=True)
     try:
         t0, tokens, since = time.perf_counter(), 0, step
         while step < cfg.steps:
