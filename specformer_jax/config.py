@@ -10,19 +10,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from pallas_kernels import IMPLS
-from specformer_jax.errors import SpecformerError
+from specformer_jax.errors import SpecformerError, is_int
 
 # model_type -> which architectural switches it implies.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _positive(name: str, value, integer: bool = False):
     """`value` as an int (integer=True) or a float when it is a positive (finite) number, else a SpecformerError."""
-    number = _is_int(value) if integer else isinstance(value, numbers.Real) and not isinstance(value, bool)
+    number = is_int(value) if integer else isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and value > 0):
         raise SpecformerError(f"{name} must be a positive {'integer' if integer else 'finite number'}, got {value!r}")
     return int(value) if integer else float(value)
@@ -203,15 +199,15 @@ class DrafterConfig:
     next_token_input: bool = False
 
     def __post_init__(self):
-        if not _is_int(self.num_slots) or self.num_slots < 1:
+        if not is_int(self.num_slots) or self.num_slots < 1:
             raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots!r}")
         if isinstance(self.hooks, list):
             object.__setattr__(self, "hooks", tuple(self.hooks))
-        if self.hooks is not None and not (isinstance(self.hooks, tuple) and all(map(_is_int, self.hooks))):
+        if self.hooks is not None and not (isinstance(self.hooks, tuple) and all(map(is_int, self.hooks))):
             raise SpecformerError(f"hooks must be a list of integers, got {self.hooks!r}")
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
-        if self.intermediate_size is not None and (not _is_int(self.intermediate_size) or self.intermediate_size < 1):
+        if self.intermediate_size is not None and (not is_int(self.intermediate_size) or self.intermediate_size < 1):
             raise SpecformerError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:

@@ -11,9 +11,14 @@ class SpecformerError(Exception):
     """Bad input from the user (path, config, prompt, option value), with a message that says what to fix."""
 
 
+def is_int(value) -> bool:
+    """An integer of any kind (Python, numpy), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
     """`value` as an int when it is an integer (not a bool) in [low, high], else a SpecformerError naming `name`."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    if not is_int(value):
         raise SpecformerError(f"{name} must be an integer, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from specformer_jax.bench.roofline import DEVICE_SPECS, device_limits, round_seconds, step_seconds
-from specformer_jax.errors import SpecformerError
+from specformer_jax.errors import SpecformerError, is_int
 from specformer_jax.files import save_figure
 
 
@@ -32,8 +32,8 @@ def _number(v) -> bool:
 KINDS = {
     "a number": _number,
     "a positive number": lambda v: _number(v) and v > 0,
-    "a whole number": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "a positive whole number": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    "a whole number": lambda v: is_int(v) and v >= 0,
+    "a positive whole number": lambda v: is_int(v) and v > 0,
     "text": lambda v: isinstance(v, str),
     "an object": lambda v: isinstance(v, dict),
     "true or false": lambda v: isinstance(v, bool),

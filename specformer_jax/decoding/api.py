@@ -22,7 +22,7 @@ from specformer_jax.decoding.draft_len import (auto_draft_len, check_draft_len, 
                                                 remember_acceptance)
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.errors import SpecformerError, check_int, check_number
+from specformer_jax.errors import SpecformerError, check_int, check_number, is_int
 from specformer_jax.parallel import batch_sharded, make_mesh, param_shardings
 
 Prompt = str | Sequence[int]  # text (tokenized, chat template unless chat=False) or token ids used as they are
@@ -67,8 +67,7 @@ def _token_ids(i: int, prompt) -> list[int]:
     """A prompt given as token ids: a sequence (list, tuple, 1-D array) of integers."""
     if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and np.issubdtype(prompt.dtype, np.integer):
         return prompt.tolist()
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                 for t in prompt):
+    if isinstance(prompt, (list, tuple)) and all(map(is_int, prompt)):
         return [int(t) for t in prompt]
     raise SpecformerError(f"prompt {i} must be text or a list of integer token ids, got {prompt!r:.60}")
 
