@@ -358,7 +358,7 @@ def _run_eval_drafter(args) -> int:
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
     records = read_distilled(args.data)
-    check_vocabulary([args.data], records, target.cfg.vocab_size)
+    check_vocabulary([args.data], target.cfg.vocab_size)  # evaluate_drafter checks the scored records' ids
     if not args.all and manifest_setting(read_manifest(args.data), "purpose") != "eval":  # unseen data: score all
         fraction = drafter.meta.get("train_config", {}).get("eval_fraction")
         if fraction is None:

@@ -41,7 +41,7 @@ def config(tiny_checkpoints, tmp_path, **kw):
 @pytest.fixture
 def use_records(monkeypatch, records):
     monkeypatch.setattr(trainer, "load_records", lambda *a, **k: records)
-    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # records in memory: no directories to check
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # records in memory: no manifests to check
 
 
 def metrics(out, split="train"):
@@ -71,7 +71,7 @@ def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, reco
     real = trainer.load_records
     monkeypatch.setattr(trainer, "load_records",
                         lambda d, setting="data", for_training=True: records if for_training else real(d, setting, False))
-    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # training records in memory
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # training records in memory: no manifest
     cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
     params = trainer.train(cfg, progress=False)["state"].params
     logged = metrics(tmp_path / "run", "eval")[-1]

@@ -129,7 +129,7 @@ def estimate(doc: dict) -> list[dict]:
         t_step = step_seconds(facts, B, context, bw, peak)
         row = {"batch_size": B, "ar": r["ar"]["tokens_per_second"], "ar_roofline": B / t_step, "limits": source}
         spec = r.get("spec")
-        if spec and spec.get("draft_len", doc.get("draft_len", 0)) and "drafter_weight_bytes" in facts:
+        if spec and spec.get("draft_len", doc.get("draft_len", 0)):  # load_results checked the drafter facts
             k = spec.get("draft_len", doc["draft_len"])
             al = spec.get("mean_accepted_length", 1.0)
             t_round = round_seconds(facts, B, context, k, bw, peak)

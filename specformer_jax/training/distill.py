@@ -212,9 +212,9 @@ def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_trainin
     data made for evaluation (`purpose="eval"`).
     """
     out_dir = Path(out_dir)
-    manifest = read_manifest(out_dir)
     if not out_dir.exists():
         raise SpecformerError(f"data directory {out_dir} does not exist")
+    manifest = read_manifest(out_dir)
     if manifest is None:
         raise SpecformerError(f"{out_dir} has no {MANIFEST}; it is not the output of `specformer distill`")
     if for_training and manifest_setting(manifest, "purpose") != "train":
@@ -246,14 +246,14 @@ def _record(path: Path, n: int, line: str) -> dict:
     return rec
 
 
-def check_vocabulary(out_dirs: list[Path], records: list[dict], vocab_size: int) -> None:
-    """Refuse data distilled from a target with another vocabulary, or holding token ids outside this one."""
+def check_vocabulary(out_dirs: list[Path], vocab_size: int) -> None:
+    """Refuse data distilled from a target with another vocabulary (its manifest says; check_token_ids checks the
+    records themselves)."""
     for d in out_dirs:
-        theirs = read_manifest(Path(d)).get("vocab_size")  # a hand-made manifest may lack it: ids are checked below
+        theirs = read_manifest(Path(d)).get("vocab_size")  # a hand-made manifest may lack it
         if theirs not in (None, vocab_size):
             raise SpecformerError(f"{d} was distilled from a target with a vocabulary of {theirs} tokens; this target "
                                   f"has {vocab_size}: distill data with this model")
-    check_token_ids(records, vocab_size, ", ".join(map(str, out_dirs)))
 
 
 def check_token_ids(records: list[dict], vocab_size: int, where: str = "records") -> None:

@@ -24,7 +24,7 @@ from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.parallel import (barrier, batch_sharded, like_params, make_mesh, param_shardings, put_global,
                                      put_process_batch, replicated, to_host)
 from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
-from specformer_jax.training.distill import check_vocabulary
+from specformer_jax.training.distill import check_token_ids, check_vocabulary
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -187,9 +187,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     if resume:
         _check_resumable(out, cfg)
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)
-    check_vocabulary(data_dirs(cfg.data), records, target.cfg.vocab_size)
+    check_vocabulary(data_dirs(cfg.data) + data_dirs(cfg.eval_data), target.cfg.vocab_size)
+    check_token_ids(records, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
-        check_vocabulary(data_dirs(cfg.eval_data), eval_recs, target.cfg.vocab_size)
+        check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
     mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh)
