@@ -17,6 +17,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pytest
 
+
+@pytest.fixture(autouse=True)
+def _decoding_records_stay_out_of_the_user_cache(monkeypatch, tmp_path_factory):
+    """Every speculative `generate` records what it measured for `--draft-len auto` (decoding/draft_len.py). A test's
+    records go to a fresh directory, so tests neither teach the developer's own cache nor read what other tests
+    decoded; a test that sets SPECFORMER_CACHE itself gets that directory. (The default model's GGUF, also under
+    the cache, is still found where it is.)"""
+    from specformer_jax.decoding import draft_len
+
+    real, records = draft_len.cache_dir, tmp_path_factory.mktemp("records")
+    monkeypatch.setattr(draft_len, "cache_dir", lambda: real() if os.environ.get("SPECFORMER_CACHE") else records)
+
 COMMON = dict(
     vocab_size=128,
     hidden_size=64,

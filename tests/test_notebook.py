@@ -8,11 +8,20 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from specformer_jax.checkpoints.default import GGUF_NAME, cache_dir
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
 @pytest.mark.slow  # about 50 s: a kernel, the default model, several compilations
-def test_quickstart_notebook_runs():
+def test_quickstart_notebook_runs(tmp_path, monkeypatch):
+    # The kernel is another process: its decoding records (draft_len.py) go to a cache of its own, which sees the
+    # default model's files where they are.
+    real = cache_dir()
+    for name in (GGUF_NAME, "tokenizers"):
+        if (real / name).exists():
+            (tmp_path / name).symlink_to(real / name)
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
@@ -20,3 +29,4 @@ def test_quickstart_notebook_runs():
     text = "".join(o.get("text", "") for o in outputs)
     assert "Paris" in text and "mean accepted length" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot
+    assert (tmp_path / "batch_rounds.json").is_file()  # the kernel kept its records here
