@@ -19,15 +19,17 @@ PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6,
 
 
 def test_speedup_model_and_choice():
-    good = [0.9, 0.8, 0.7, 0.6]
+    good = dl.expected_tokens([0.9, 0.8, 0.7, 0.6], range(1, 5))
+    assert good == pytest.approx({1: 1.9, 2: 2.7, 3: 3.4, 4: 4.0})
     cheap = {1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}  # memory bound: a round costs little more than a step
     s = dl.predicted_speedups(1.0, cheap, good)
     assert s == pytest.approx({1: 1.9 / 1.1, 2: 2.7 / 1.2, 3: 3.4 / 1.3, 4: 4.0 / 1.4})
     assert dl.choose_draft_len(s) == 4
     bound = {k: k + 1.0 for k in range(1, 5)}  # compute bound: a round costs k + 1 steps
     assert dl.choose_draft_len(dl.predicted_speedups(1.0, bound, good)) == 0
-    assert dl.choose_draft_len(dl.predicted_speedups(1.0, cheap, [0.0] * 4)) == 0  # useless drafter
-    fading = [0.5, 0.1, 0.02, 0.0]  # later slots rarely accepted: fewer drafts are cheaper for the same gain
+    useless = dl.expected_tokens([0.0] * 4, range(1, 5))
+    assert dl.choose_draft_len(dl.predicted_speedups(1.0, cheap, useless)) == 0
+    fading = dl.expected_tokens([0.5, 0.1, 0.02, 0.0], range(1, 5))  # later slots rarely accepted: fewer drafts
     assert dl.choose_draft_len(dl.predicted_speedups(1.0, {1: 1.05, 2: 1.2, 3: 1.35, 4: 1.5}, fading)) == 1
     assert dl.choose_draft_len({1: 1.03}) == 0 and dl.choose_draft_len({1: 1.03}, margin=0.0) == 1
 
@@ -76,6 +78,8 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
         measured = res.stats["acceptance_rate_per_slot"]
         assert second["acceptance"][:k] == pytest.approx(measured[:k], abs=1e-4)
         assert second["acceptance_source"] == ("decoding" if k == 3 else "mixed")
+        assert second["batch_measured"] == [k]
+        assert second["tokens_per_round"][str(k)] == pytest.approx(res.stats["batch_accepted_length"], abs=1e-4)
 
     # New decoding code (an upgrade, an edit) is measured anew: its rounds may cost something else.
     key = dl._cost_key(model, d, 2, 64)
@@ -112,3 +116,47 @@ def test_auto_needs_recorded_acceptance(model, tmp_path, cli_error):
     assert dl.drafter_acceptance(load_drafter(tmp_path / "d", model)) == [0.5, 0.25, 0.1]
     err = cli_error(["generate", "--model", "x", "--prompt", "hi", "--draft-len", "often"])
     assert "non-negative integer or auto" in err
+
+
+def test_tokens_per_round_follow_what_batches_achieved():
+    expected = {1: 1.5, 2: 1.8, 3: 2.0}
+    assert dl.tokens_per_round(expected, {}) == expected
+    assert dl.tokens_per_round(expected, {4: {"steps": 10, "rounds": 10}}) == expected  # a k not asked about
+    # k = 2 measured at 1.35 tokens per round, 75% of its E: the others are scaled alike
+    got = dl.tokens_per_round(expected, {2: {"steps": 135, "rounds": 100}})
+    assert got == pytest.approx({1: 1.125, 2: 1.35, 3: 1.5})
+    # several measured k: each keeps its own figure, the share for the rest is over all their rounds
+    got = dl.tokens_per_round(expected, {1: {"steps": 150, "rounds": 100}, 2: {"steps": 90, "rounds": 100}})
+    assert got == pytest.approx({1: 1.5, 2: 0.9, 3: 2.0 * 240 / 330})
+
+
+def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
+    """A batch waits for its slowest row: when decoding at a batch size needed nearly as many rounds as plain steps,
+    auto stops drafting there although the drafter's acceptance promises a speedup."""
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
+    d = drafter(model, [0.5, 0.3, 0.1])
+    monkeypatch.setattr(dl, "measured_costs", lambda *a: {"step_seconds": 1.0, "round_seconds": {1: 1.1, 2: 1.2, 3: 1.3}})
+    first = dl.auto_draft_len(model, d, 8, 64)
+    assert first.draft_len == 2 and first.batch_measured == []  # E = 1.8 for 1.2 steps' time: 1.5x
+    # What generate records: plain decoding's steps for the same tokens (the longest row's, less the prefill's token)
+    # against the rounds run. A real run at batch 3 on the tiny model:
+    spec = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=2)
+    plain = generate(model, PROMPTS, max_new_tokens=12)
+    assert spec.token_ids == plain.token_ids
+    stored = dl.batch_rounds(model, d, 3, sampled=False)
+    assert stored == {2: {"steps": plain.stats["decode_steps"], "rounds": spec.stats["decode_steps"]}}
+    assert spec.stats["batch_accepted_length"] == pytest.approx(plain.stats["decode_steps"] / spec.stats["decode_steps"])
+    assert dl.batch_rounds(model, d, 8, sampled=False) == {}  # other batch sizes keep their own
+    # At batch 8, k = 2 gave 1.1 tokens a round (61% of E): every k now predicts below 1.15x, so plain decoding.
+    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=110, rounds=100, sampled=False)
+    second = dl.auto_draft_len(model, d, 8, 64)
+    assert second.batch_measured == [2] and second.tokens_per_round[2] == pytest.approx(1.1)
+    assert second.draft_len == 0 and max(second.predicted_speedup.values()) < 1.15
+    assert dl.auto_draft_len(model, d, 8, 64, sampled=True).draft_len == 2  # sampling keeps its own record
+    # a long good stretch afterwards brings drafting back (older runs count up to MAX_REMEMBERED_ROUNDS rounds)
+    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=170_000, rounds=100_000, sampled=False)
+    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=170_000, rounds=100_000, sampled=False)
+    third = dl.auto_draft_len(model, d, 8, 64)
+    keep = dl.MAX_REMEMBERED_ROUNDS / 100_100
+    assert third.tokens_per_round[2] == pytest.approx((170_110 * keep + 170_000) / (100_100 * keep + 100_000))
+    assert third.draft_len > 0

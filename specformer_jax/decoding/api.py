@@ -19,7 +19,7 @@ from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.decoding.autoregressive import ar_generate
 from specformer_jax.decoding.draft_len import (auto_draft_len, check_draft_len, default_draft_len,
-                                                remember_acceptance)
+                                                remember_acceptance, remember_batch_rounds)
 from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.errors import SpecformerError, check_int, check_number, is_int
@@ -152,7 +152,8 @@ def generate(
     "auto": chosen for this batch size from measured step costs and the drafter's acceptance (see draft_len.py).
     `mesh` (specformer_jax.parallel.make_mesh, or its spec such as "data=4,tensor=2"): rows sharded over its batch axes, the model by the logical-axis rules
     (tensor parallel over `tensor`); batch_size is rounded up to a multiple of the batch axes.
-    `remember`: fold the measured acceptance into the drafter's running estimate that "auto" uses (draft_len.py).
+    `remember`: fold the measured acceptance, and the batch's plain steps per round, into the running estimates that
+    "auto" uses (draft_len.py).
     """
     prompts = _checked_prompts(prompts)
     if not prompts:
@@ -205,7 +206,7 @@ def generate(
                   file=sys.stderr)
     tokens_out: list[list[int]] = []
     compile_s = run_s = 0.0
-    steps = 0
+    steps = plain_steps = 0  # loop iterations run; the steps plain decoding needs for the same tokens
     spec_rows: dict[str, list] = {}
     for start in range(0, len(ids), B):
         chunk = ids[start : start + B]
@@ -226,6 +227,7 @@ def generate(
         out, num_out = np.asarray(result["out"]), np.asarray(result["num_out"])
         tokens_out += [out[r, : num_out[r]].tolist() for r in range(n)]
         steps += int(result["steps"])
+        plain_steps += max(int(num_out.max()) - 1, 0)  # the prefill emits each row's first token
         for name in ("row_rounds", "row_emitted", "accepted"):
             if name in result:
                 spec_rows.setdefault(name, []).extend(np.asarray(result[name])[:n])
@@ -252,9 +254,11 @@ def generate(
         stats["draft_len_auto"] = auto.to_json()
     if spec_rows:
         stats.update(speculative_stats(spec_rows))
+        stats["batch_accepted_length"] = plain_steps / max(steps, 1)
         if remember:
-            remember_acceptance(model, drafter, stats["acceptance_rate_per_slot"], stats["rounds"],
-                                sampled=sampling.temperature > 0)
+            sampled = sampling.temperature > 0
+            remember_acceptance(model, drafter, stats["acceptance_rate_per_slot"], stats["rounds"], sampled=sampled)
+            remember_batch_rounds(model, drafter, B, spec["num_slots"], plain_steps, steps, sampled=sampled)
     return GenerationResult(texts, tokens_out, stats)
 
 

@@ -8,12 +8,16 @@ current device at the batch size and cache length at hand,
 
     predicted speedup(k) = E(k) * t_step(B) / t_round(B, k)
 
-and auto takes the k with the largest predicted speedup, or 0 unless that beats plain decoding by `margin`. The
-margin (15%) covers what the model leaves out: a static batch runs until its slowest row is done, and acceptance
-varies from row to row, so a batch needs more rounds than the mean acceptance says. On an H100 at batch 64 a
-predicted 1.13x came out at 0.99x. At small
-batch a round costs little more than a step (weights are read once for all k + 1 tokens), so drafting pays; at large
-batch the forward becomes compute bound, t_round grows ~ k + 1, and auto falls back to plain decoding.
+and auto takes the k with the largest predicted speedup, or 0 unless that beats plain decoding by `margin` (15%). At
+small batch a round costs little more than a step (weights are read once for all k + 1 tokens), so drafting pays; at
+large batch the forward becomes compute bound, t_round grows ~ k + 1, and auto falls back to plain decoding.
+
+A static batch runs until its slowest row is done, and acceptance varies from row to row, so a batch needs more
+rounds than E(k) says (on an H100 at batch 64 a predicted 1.13x came out at 0.99x). So every speculative `generate`
+call also remembers, per batch size and k, how many plain steps its rows needed against the rounds it ran (the
+batch's tokens per round, `batch_accepted_length`). Auto uses that in place of E(k) where it exists, and scales the
+E(k) of the other k by the share of E the measured batches achieved: a choice that did not pay at a batch size is
+not made again there. The margin covers the first call and timing noise.
 
 Measured times are cached on disk per device, model shape, batch size, cache length and version of the decoding code
 (a hash of its source), so the measurement (a few compilations) happens once per setup, and again after an upgrade
@@ -74,9 +78,15 @@ def check_draft_len(drafter: LoadedDrafter, draft_len: int | str | None) -> None
         raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {draft_len}")
 
 
-def predicted_speedups(step_seconds: float, round_seconds: dict[int, float], acceptance: list[float]) -> dict[int, float]:
-    """speedup(k) = E(k) * t_step / t_round(k) for every measured k >= 1."""
-    return {k: (1.0 + sum(acceptance[:k])) * step_seconds / t for k, t in sorted(round_seconds.items())}
+def expected_tokens(acceptance: list[float], ks) -> dict[int, float]:
+    """E(k) = 1 + c_1 + ... + c_k: tokens a row emits per round with k drafts."""
+    return {k: 1.0 + sum(acceptance[:k]) for k in ks}
+
+
+def predicted_speedups(step_seconds: float, round_seconds: dict[int, float],
+                       tokens_per_round: dict[int, float]) -> dict[int, float]:
+    """speedup(k) = tokens per round(k) * t_step / t_round(k) for every measured k >= 1."""
+    return {k: tokens_per_round[k] * step_seconds / t for k, t in sorted(round_seconds.items())}
 
 
 def choose_draft_len(speedups: dict[int, float], margin: float = MARGIN) -> int:
@@ -189,6 +199,45 @@ def decoding_acceptance(model: LoadedTarget, drafter: LoadedDrafter, sampled: bo
     return list(entry["rates"]) if entry else []
 
 
+def remember_batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, draft_len: int,
+                          plain_steps: int, rounds: int, sampled: bool) -> None:
+    """Add a speculative run's loop iterations (`rounds`, with `draft_len` drafts at `batch_size` rows) and the steps
+    plain decoding needs for the same rows' tokens (`plain_steps`) to the totals kept in
+    SPECFORMER_CACHE/batch_rounds.json, whose ratio auto uses as the tokens per round at that batch size."""
+    if rounds < 1:
+        return
+    path = cache_dir() / "batch_rounds.json"
+    table = _read_table(path)
+    entries = table.get(_drafter_key(model, drafter, sampled), {})
+    old = entries.get(f"{batch_size},{draft_len}", {"steps": 0, "rounds": 0})
+    keep = min(1.0, MAX_REMEMBERED_ROUNDS / max(old["rounds"], 1))  # older runs fade out beyond the window
+    entries[f"{batch_size},{draft_len}"] = {"steps": old["steps"] * keep + plain_steps,
+                                            "rounds": old["rounds"] * keep + rounds}
+    write_json(path, {**table, _drafter_key(model, drafter, sampled): entries})
+
+
+def batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, sampled: bool) -> dict[int, dict]:
+    """k -> {"steps", "rounds"} remembered for batches of `batch_size` rows with this drafter."""
+    entries = _read_table(cache_dir() / "batch_rounds.json").get(_drafter_key(model, drafter, sampled), {})
+    out = {}
+    for key, e in entries.items():
+        b, k = map(int, key.split(","))
+        if b == batch_size and e["rounds"] > 0:
+            out[k] = e
+    return out
+
+
+def tokens_per_round(expected: dict[int, float], batches: dict[int, dict]) -> dict[int, float]:
+    """The tokens per round auto predicts with, for each k of `expected` (E(k)): a batch's measured plain steps per
+    round where batches of this size decoded with k drafts, else E(k) scaled by what the measured batches achieved
+    against their E (a static batch waits for its slowest row whatever k is)."""
+    seen = {k: b for k, b in batches.items() if k in expected}
+    if not seen:
+        return dict(expected)
+    efficiency = sum(b["steps"] for b in seen.values()) / sum(expected[k] * b["rounds"] for k, b in seen.items())
+    return {k: seen[k]["steps"] / seen[k]["rounds"] if k in seen else e * efficiency for k, e in expected.items()}
+
+
 @dataclasses.dataclass
 class DraftLenChoice:
     draft_len: int
@@ -197,12 +246,15 @@ class DraftLenChoice:
     round_seconds: dict[int, float]
     acceptance: list[float]  # per slot, as used for the prediction
     acceptance_source: str  # "decoding" (measured while decoding), "teacher_forced" (eval), or "mixed"
+    tokens_per_round: dict[int, float]  # k -> as used for the prediction
+    batch_measured: list[int]  # the k measured on batches of this size (the others: E(k), scaled as they fell short)
 
     def to_json(self) -> dict:
-        return {"draft_len": self.draft_len, "predicted_speedup": {str(k): round(v, 3) for k, v in
-                                                                   self.predicted_speedup.items()},
+        rounded = lambda d, n: {str(k): round(v, n) for k, v in d.items()}
+        return {"draft_len": self.draft_len, "predicted_speedup": rounded(self.predicted_speedup, 3),
                 "step_seconds": self.step_seconds, "round_seconds": {str(k): v for k, v in self.round_seconds.items()},
-                "acceptance": [round(a, 4) for a in self.acceptance], "acceptance_source": self.acceptance_source}
+                "acceptance": [round(a, 4) for a in self.acceptance], "acceptance_source": self.acceptance_source,
+                "tokens_per_round": rounded(self.tokens_per_round, 4), "batch_measured": self.batch_measured}
 
 
 def auto_draft_len(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
@@ -212,6 +264,8 @@ def auto_draft_len(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int,
     acceptance = measured + taught[len(measured):]
     source = "teacher_forced" if not measured else "decoding" if len(measured) == len(taught) else "mixed"
     costs = measured_costs(model, drafter, batch_size, cache_len, progress)
-    speedups = predicted_speedups(costs["step_seconds"], costs["round_seconds"], acceptance)
+    batches = batch_rounds(model, drafter, batch_size, sampled)
+    tokens = tokens_per_round(expected_tokens(acceptance, costs["round_seconds"]), batches)
+    speedups = predicted_speedups(costs["step_seconds"], costs["round_seconds"], tokens)
     return DraftLenChoice(choose_draft_len(speedups), speedups, costs["step_seconds"], costs["round_seconds"],
-                          acceptance, source)
+                          acceptance, source, tokens, sorted(k for k in batches if k in tokens))
