@@ -135,7 +135,8 @@ def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
     auto stops drafting there although the drafter's acceptance promises a speedup."""
     monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
     d = drafter(model, [0.5, 0.3, 0.1])
-    monkeypatch.setattr(dl, "measured_costs", lambda *a: {"step_seconds": 1.0, "round_seconds": {1: 1.1, 2: 1.2, 3: 1.3}})
+    costs = {"step_seconds": 1.0, "round_seconds": {1: 1.1, 2: 1.2, 3: 1.3}}
+    monkeypatch.setattr(dl, "measured_costs", lambda *a: costs)
     first = dl.auto_draft_len(model, d, 8, 64)
     assert first.draft_len == 2 and first.batch_measured == []  # E = 1.8 for 1.2 steps' time: 1.5x
     # What generate records: plain decoding's steps for the same tokens (the longest row's, less the prefill's token)
@@ -145,7 +146,8 @@ def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
     assert spec.token_ids == plain.token_ids
     stored = dl.batch_rounds(model, d, 3, sampled=False)
     assert stored == {2: {"steps": plain.stats["decode_steps"], "rounds": spec.stats["decode_steps"]}}
-    assert spec.stats["batch_accepted_length"] == pytest.approx(plain.stats["decode_steps"] / spec.stats["decode_steps"])
+    ratio = plain.stats["decode_steps"] / spec.stats["decode_steps"]
+    assert spec.stats["batch_accepted_length"] == pytest.approx(ratio)
     assert dl.batch_rounds(model, d, 8, sampled=False) == {}  # other batch sizes keep their own
     # At batch 8, k = 2 gave 1.1 tokens a round (61% of E): every k now predicts below 1.15x, so plain decoding.
     dl.remember_batch_rounds(model, d, 8, 2, plain_steps=110, rounds=100, sampled=False)

@@ -26,8 +26,9 @@ from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import Prompt, encode_prompts, generate
 from specformer_jax.decoding.draft_len import check_draft_len, default_draft_len
 
+# decode_steps: loop iterations (plain steps, speculative rounds)
 KEEP = ("tokens_per_second", "run_seconds", "num_generated", "decode_steps", "draft_len", "draft_len_auto",
-        "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds")  # decode_steps: loop iterations (steps, rounds)
+        "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds")
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
