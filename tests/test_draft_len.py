@@ -128,6 +128,8 @@ def test_tokens_per_round_follow_what_batches_achieved():
     # several measured k: each keeps its own figure, the share for the rest is over all their rounds
     got = dl.tokens_per_round(expected, {1: {"steps": 150, "rounds": 100}, 2: {"steps": 90, "rounds": 100}})
     assert got == pytest.approx({1: 1.5, 2: 0.9, 3: 2.0 * 240 / 330})
+    # batches that beat E keep their own figure, and the others keep E
+    assert dl.tokens_per_round(expected, {2: {"steps": 200, "rounds": 100}}) == pytest.approx({1: 1.5, 2: 2.0, 3: 2.0})
 
 
 def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):

@@ -230,11 +230,13 @@ def batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, s
 def tokens_per_round(expected: dict[int, float], batches: dict[int, dict]) -> dict[int, float]:
     """The tokens per round auto predicts with, for each k of `expected` (E(k)): a batch's measured plain steps per
     round where batches of this size decoded with k drafts, else E(k) scaled by what the measured batches achieved
-    against their E (a static batch waits for its slowest row whatever k is)."""
+    against their E (a static batch waits for its slowest row whatever k is), but never scaled up: a few batches
+    that beat E say little about another k."""
     seen = {k: b for k, b in batches.items() if k in expected}
     if not seen:
         return dict(expected)
-    efficiency = sum(b["steps"] for b in seen.values()) / sum(expected[k] * b["rounds"] for k, b in seen.items())
+    achieved = sum(b["steps"] for b in seen.values()) / sum(expected[k] * b["rounds"] for k, b in seen.items())
+    efficiency = min(achieved, 1.0)
     return {k: seen[k]["steps"] / seen[k]["rounds"] if k in seen else e * efficiency for k, e in expected.items()}
 
 
