@@ -16,8 +16,8 @@ A static batch runs until its slowest row is done, and acceptance varies from ro
 rounds than E(k) says (on an H100 at batch 64 a predicted 1.13x came out at 0.99x). So every speculative `generate`
 call also remembers, per batch size and k, how many plain steps its rows needed against the rounds it ran (the
 batch's tokens per round, `batch_accepted_length`). Auto uses that in place of E(k) where it exists, and scales the
-E(k) of the other k by the share of E the measured batches achieved: a choice that did not pay at a batch size is
-not made again there. The margin covers the first call and timing noise.
+E(k) of the other k down as far as the measured batches fell short of their E: a choice that did not pay at a batch
+size is not made again there. The margin covers the first call and timing noise.
 
 Measured times are cached on disk per device, model shape, batch size, cache length and version of the decoding code
 (a hash of its source), so the measurement (a few compilations) happens once per setup, and again after an upgrade
