@@ -151,6 +151,12 @@ def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
     ratio = plain.stats["decode_steps"] / spec.stats["decode_steps"]
     assert spec.stats["batch_accepted_length"] == pytest.approx(ratio)
     assert dl.batch_rounds(model, d, 8, sampled=False) == {}  # other batch sizes keep their own
+    path = tmp_path / "batch_rounds.json"  # entries damaged by hand are ignored
+    table = json.loads(path.read_text())
+    for entries in table.values():
+        entries.update({"8": {"steps": 1, "rounds": 1}, "8,x": {}, "8,1": {"steps": "many", "rounds": 3}})
+    path.write_text(json.dumps(table))
+    assert dl.batch_rounds(model, d, 8, sampled=False) == {}
     # At batch 8, k = 2 gave 1.1 tokens a round (61% of E): every k now predicts below 1.15x, so plain decoding.
     dl.remember_batch_rounds(model, d, 8, 2, plain_steps=110, rounds=100, sampled=False)
     second = dl.auto_draft_len(model, d, 8, 64)

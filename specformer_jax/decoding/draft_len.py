@@ -221,9 +221,12 @@ def batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, s
     entries = _read_table(cache_dir() / "batch_rounds.json").get(_drafter_key(model, drafter, sampled), {})
     out = {}
     for key, e in entries.items():
-        b, k = map(int, key.split(","))
-        if b == batch_size and e["rounds"] > 0:
-            out[k] = e
+        try:
+            b, k = map(int, key.split(","))
+            if b == batch_size and e["rounds"] > 0 and e["steps"] >= 0:
+                out[k] = {"steps": float(e["steps"]), "rounds": float(e["rounds"])}
+        except (ValueError, TypeError, KeyError):  # an entry edited by hand: ignored, as if never recorded
+            continue
     return out
 
 
