@@ -99,6 +99,15 @@ def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path, m
     assert dl.decoding_acceptance(model, other, sampled=False) == []  # and so does every other drafter
     dl.remember_acceptance(model, d, [1.0], rounds=0, sampled=False)  # nothing decoded: nothing learned
     assert dl.decoding_acceptance(model, d, sampled=False)[0] == pytest.approx(0.275)
+    path = tmp_path / "decode_acceptance.json"  # an entry damaged by hand counts as none, and is written anew
+    saved = path.read_text()
+    key = dl._drafter_key(model, d, False)
+    for damaged in ({"rates": [0.5, "x"], "rounds": [1, 1]}, {"rates": [0.5]}, [0.5], {"rates": [2.0], "rounds": [1]}):
+        path.write_text(json.dumps({key: damaged}))
+        assert dl.decoding_acceptance(model, d, sampled=False) == []
+    dl.remember_acceptance(model, d, [0.4], rounds=10, sampled=False)
+    assert dl.decoding_acceptance(model, d, sampled=False) == pytest.approx([0.4])
+    path.write_text(saved)
     # a useless drafter, once measured, makes auto fall back to plain decoding whatever its eval promised
     monkeypatch.setattr(dl, "measured_costs", lambda *a: {"step_seconds": 1.0, "round_seconds": {1: 1.02, 2: 1.05, 3: 1.1}})
     assert dl.auto_draft_len(model, d, 4, 64).draft_len > 0  # measured 0.275 + 0.125 + 0.05: still worth it

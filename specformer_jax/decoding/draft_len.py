@@ -183,9 +183,9 @@ def remember_acceptance(model: LoadedTarget, drafter: LoadedDrafter, rates: list
     path = cache_dir() / "decode_acceptance.json"
     table = _read_table(path)
     key = _drafter_key(model, drafter, sampled)
-    old = table.get(key, {"rates": [], "rounds": []})
-    pad = max(0, len(rates) - len(old["rates"]))
-    new_rates, new_rounds = old["rates"] + [0.0] * pad, old["rounds"] + [0] * pad
+    old_rates, old_rounds = _acceptance_entry(table, key)
+    pad = max(0, len(rates) - len(old_rates))
+    new_rates, new_rounds = old_rates + [0.0] * pad, old_rounds + [0] * pad
     for i, r in enumerate(rates):
         n_old = min(new_rounds[i], MAX_REMEMBERED_ROUNDS)
         new_rates[i] = (new_rates[i] * n_old + r * rounds) / (n_old + rounds)
@@ -193,10 +193,21 @@ def remember_acceptance(model: LoadedTarget, drafter: LoadedDrafter, rates: list
     write_json(path, {**table, key: {"rates": new_rates, "rounds": new_rounds}})
 
 
+def _acceptance_entry(table: dict, key: str) -> tuple[list[float], list[float]]:
+    """(rates, rounds) per slot recorded under `key`; none when the entry is missing or damaged (edited by hand)."""
+    entry = table.get(key)
+    try:
+        rates, rounds = [float(r) for r in entry["rates"]], [float(n) for n in entry["rounds"]]
+    except (TypeError, KeyError, ValueError):
+        return [], []
+    ok = len(rates) == len(rounds) and all(0 <= r <= 1 for r in rates) and all(n >= 0 for n in rounds)
+    return (rates, rounds) if ok else ([], [])
+
+
 def decoding_acceptance(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> list[float]:
     """Per-slot acceptance measured while decoding with this drafter (greedy or sampled), for the slots drafted so far."""
-    entry = _read_table(cache_dir() / "decode_acceptance.json").get(_drafter_key(model, drafter, sampled))
-    return list(entry["rates"]) if entry else []
+    table = _read_table(cache_dir() / "decode_acceptance.json")
+    return _acceptance_entry(table, _drafter_key(model, drafter, sampled))[0]
 
 
 def remember_batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, draft_len: int,
