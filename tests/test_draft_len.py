@@ -87,6 +87,20 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
     assert dl._cost_key(model, d, 2, 64) != key
 
 
+def test_damaged_cost_entries_are_measured_again(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
+    d = drafter(model, [0.9, 0.8, 0.7])
+    fresh = {"step_seconds": 1.0, "round_seconds": {1: 1.1}}
+    monkeypatch.setattr(dl, "measure_costs", lambda *a, **k: fresh)
+    path, key = tmp_path / "step_costs.json", dl._cost_key(model, d, 2, 64)
+    for damaged in ({key: {"step_seconds": 1.0}}, {key: {"step_seconds": "x", "round_seconds": {}}}, {key: [1]}, [1]):
+        path.write_text(json.dumps(damaged))
+        assert dl.measured_costs(model, d, 2, 64) == fresh
+        assert json.loads(path.read_text())[key] == {"step_seconds": 1.0, "round_seconds": {"1": 1.1}}
+    monkeypatch.setattr(dl, "measure_costs", lambda *a, **k: pytest.fail("a sound entry is reused"))
+    assert dl.measured_costs(model, d, 2, 64) == fresh
+
+
 def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
     d, other = drafter(model, [0.9, 0.8, 0.7]), drafter(model, [0.5, 0.4, 0.3])
@@ -105,6 +119,8 @@ def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path, m
     for damaged in ({"rates": [0.5, "x"], "rounds": [1, 1]}, {"rates": [0.5]}, [0.5], {"rates": [2.0], "rounds": [1]}):
         path.write_text(json.dumps({key: damaged}))
         assert dl.decoding_acceptance(model, d, sampled=False) == []
+    path.write_text("[1]")
+    assert dl.decoding_acceptance(model, d, sampled=False) == []
     dl.remember_acceptance(model, d, [0.4], rounds=10, sampled=False)
     assert dl.decoding_acceptance(model, d, sampled=False) == pytest.approx([0.4])
     path.write_text(saved)
@@ -166,6 +182,13 @@ def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
         entries.update({"8": {"steps": 1, "rounds": 1}, "8,x": {}, "8,1": {"steps": "many", "rounds": 3}})
     path.write_text(json.dumps(table))
     assert dl.batch_rounds(model, d, 8, sampled=False) == {}
+    dl.remember_batch_rounds(model, d, 8, 1, plain_steps=12, rounds=10, sampled=False)  # recorded afresh
+    assert dl.batch_rounds(model, d, 8, sampled=False) == {1: {"steps": 12, "rounds": 10}}
+    for damaged in ([1], {key: [1] for key in table}):  # not objects at all
+        path.write_text(json.dumps(damaged))
+        assert dl.batch_rounds(model, d, 3, sampled=False) == {}
+        dl.remember_batch_rounds(model, d, 3, 2, plain_steps=12, rounds=10, sampled=False)
+        assert dl.batch_rounds(model, d, 3, sampled=False) == {2: {"steps": 12, "rounds": 10}}
     # At batch 8, k = 2 gave 1.1 tokens a round (61% of E): every k now predicts below 1.15x, so plain decoding.
     dl.remember_batch_rounds(model, d, 8, 2, plain_steps=110, rounds=100, sampled=False)
     second = dl.auto_draft_len(model, d, 8, 64)

@@ -144,10 +144,13 @@ def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cach
 
 
 def _read_table(path: Path) -> dict:
+    """One of the JSON tables kept under SPECFORMER_CACHE; empty when missing, unreadable or not an object. Readers
+    treat a damaged entry (edited by hand) as absent, so it is measured or learned again."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
         return {}
+    return table if isinstance(table, dict) else {}
 
 
 def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
@@ -156,9 +159,12 @@ def measured_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int,
     path = cache_dir() / "step_costs.json"
     key = _cost_key(model, drafter, batch_size, cache_len)
     table = _read_table(path)
-    if key in table:
+    try:
         c = table[key]
-        return {"step_seconds": c["step_seconds"], "round_seconds": {int(k): v for k, v in c["round_seconds"].items()}}
+        return {"step_seconds": float(c["step_seconds"]),
+                "round_seconds": {int(k): float(v) for k, v in c["round_seconds"].items()}}
+    except (KeyError, TypeError, ValueError, AttributeError):  # not measured yet, or damaged
+        pass
     costs = measure_costs(model, drafter, batch_size, cache_len, progress=progress)
     write_json(path, {**table, key: costs})
     return costs
@@ -219,26 +225,33 @@ def remember_batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_siz
         return
     path = cache_dir() / "batch_rounds.json"
     table = _read_table(path)
-    entries = table.get(_drafter_key(model, drafter, sampled), {})
-    old = entries.get(f"{batch_size},{draft_len}", {"steps": 0, "rounds": 0})
+    key = _drafter_key(model, drafter, sampled)
+    entries = _batch_entries(table, key)
+    old = entries.get((batch_size, draft_len), {"steps": 0.0, "rounds": 0.0})
     keep = min(1.0, MAX_REMEMBERED_ROUNDS / max(old["rounds"], 1))  # older runs fade out beyond the window
-    entries[f"{batch_size},{draft_len}"] = {"steps": old["steps"] * keep + plain_steps,
-                                            "rounds": old["rounds"] * keep + rounds}
-    write_json(path, {**table, _drafter_key(model, drafter, sampled): entries})
+    entries[batch_size, draft_len] = {"steps": old["steps"] * keep + plain_steps,
+                                      "rounds": old["rounds"] * keep + rounds}
+    write_json(path, {**table, key: {f"{b},{k}": e for (b, k), e in entries.items()}})
+
+
+def _batch_entries(table: dict, key: str) -> dict[tuple[int, int], dict]:
+    """(batch size, k) -> {"steps", "rounds"} recorded under `key`; entries damaged by hand are left out."""
+    entries = table.get(key)
+    out = {}
+    for name, e in entries.items() if isinstance(entries, dict) else ():
+        try:
+            b, k = map(int, name.split(","))
+            if e["rounds"] > 0 and e["steps"] >= 0:
+                out[b, k] = {"steps": float(e["steps"]), "rounds": float(e["rounds"])}
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
 
 
 def batch_rounds(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, sampled: bool) -> dict[int, dict]:
     """k -> {"steps", "rounds"} remembered for batches of `batch_size` rows with this drafter."""
-    entries = _read_table(cache_dir() / "batch_rounds.json").get(_drafter_key(model, drafter, sampled), {})
-    out = {}
-    for key, e in entries.items():
-        try:
-            b, k = map(int, key.split(","))
-            if b == batch_size and e["rounds"] > 0 and e["steps"] >= 0:
-                out[k] = {"steps": float(e["steps"]), "rounds": float(e["rounds"])}
-        except (ValueError, TypeError, KeyError):  # an entry edited by hand: ignored, as if never recorded
-            continue
-    return out
+    entries = _batch_entries(_read_table(cache_dir() / "batch_rounds.json"), _drafter_key(model, drafter, sampled))
+    return {k: e for (b, k), e in entries.items() if b == batch_size}
 
 
 def tokens_per_round(expected: dict[int, float], batches: dict[int, dict]) -> dict[int, float]:
