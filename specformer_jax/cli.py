@@ -78,35 +78,10 @@ def _draft_len(s: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {s!r}") from None
 
 
-def read_prompts_file(path: Path) -> list:
-    """JSONL: each line {"prompt": "..."} or {"input_ids": [...]}."""
-    if path.is_dir():
-        raise SpecformerError(f"prompts file {path} is a directory")
-    if not path.exists():
-        raise SpecformerError(f"prompts file {path} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise SpecformerError(f"prompts file {path} is not UTF-8 text (byte {e.start})") from None
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecformerError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
-            prompts.append(rec["prompt"])
-        elif isinstance(rec, dict) and isinstance(rec.get("input_ids"), list) and all(
-            isinstance(t, int) for t in rec["input_ids"]
-        ):
-            prompts.append(rec["input_ids"])
-        else:
-            raise SpecformerError(f'{path}:{n}: expected {{"prompt": "..."}} or {{"input_ids": [ints]}}')
-    if not prompts:
-        raise SpecformerError(f"prompts file {path} has no prompts")
-    return prompts
+def read_prompts_file(path):
+    from specformer_jax.decoding.encode import read_prompts_file as read
+
+    return read(path)
 
 
 def _add_attention_impl(p):
@@ -122,6 +97,12 @@ def _mesh(args):
     from specformer_jax.parallel import make_mesh
 
     return make_mesh(args.mesh) if args.mesh else None
+
+
+def _records():
+    from specformer_jax.decoding.records import DecodeRecords
+
+    return DecodeRecords.default()
 
 
 def _add_model(p):
@@ -188,6 +169,7 @@ def _run_generate(args) -> int:
         drafter=drafter,
         draft_len=args.draft_len,
         mesh=_mesh(args),
+        records=_records(),
     )
     result.stats["load_seconds"] = load_s
     result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
@@ -410,6 +392,7 @@ def _run_bench(args) -> int:
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
     result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
                            max_new_tokens=args.max_new_tokens, repeats=args.repeats, mesh=_mesh(args),
+                           records=_records(),
                            on_progress=lambda doc: write_json(args.out, {**head, **doc}))
     result = {**head, **result}
     if args.plot:

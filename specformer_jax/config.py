@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, Mapping
 
 import numpy as np
 
 from pallas_kernels import IMPLS
-from specformer_jax.errors import SpecformerError, is_int
+from specformer_jax.checks import POSITIVE, POSITIVE_INT, is_int
+from specformer_jax.errors import SpecformerError
 
 # model_type -> which architectural switches it implies.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def _positive(name: str, value, integer: bool = False):
-    """`value` as an int (integer=True) or a float when it is a positive (finite) number, else a SpecformerError."""
-    number = is_int(value) if integer else isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value > 0):
-        raise SpecformerError(f"{name} must be a positive {'integer' if integer else 'finite number'}, got {value!r}")
-    return int(value) if integer else float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +28,9 @@ class RopeConfig:
     def __post_init__(self):
         for field, name in (("theta", "rope_theta"), ("factor", "factor"), ("low_freq_factor", "low_freq_factor"),
                             ("high_freq_factor", "high_freq_factor")):
-            object.__setattr__(self, field, _positive(name, getattr(self, field)))
-        object.__setattr__(self, "original_max_position", _positive(
-            "original_max_position_embeddings", self.original_max_position, integer=True))
+            object.__setattr__(self, field, POSITIVE.check(name, getattr(self, field)))
+        object.__setattr__(self, "original_max_position", POSITIVE_INT.check(
+            "original_max_position_embeddings", self.original_max_position))
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """Per-pair rotation frequencies (float64 numpy, static), with the configured scaling applied."""
@@ -93,8 +85,8 @@ class TargetConfig:
         # Validated here, where configs from config.json and from GGUF metadata meet; messages name config.json keys.
         for field, key in _CONFIG_KEYS.items():
             if getattr(self, field) is not None or field not in ("head_dim", "sliding_window"):
-                object.__setattr__(self, field, _positive(key, getattr(self, field), integer=True))
-        object.__setattr__(self, "rms_norm_eps", _positive("rms_norm_eps", self.rms_norm_eps))
+                object.__setattr__(self, field, POSITIVE_INT.check(key, getattr(self, field)))
+        object.__setattr__(self, "rms_norm_eps", POSITIVE.check("rms_norm_eps", self.rms_norm_eps))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise SpecformerError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
@@ -199,16 +191,15 @@ class DrafterConfig:
     next_token_input: bool = False
 
     def __post_init__(self):
-        if not is_int(self.num_slots) or self.num_slots < 1:
-            raise SpecformerError(f"num_slots must be >= 1, got {self.num_slots!r}")
+        POSITIVE_INT.check("num_slots", self.num_slots)
         if isinstance(self.hooks, list):
             object.__setattr__(self, "hooks", tuple(self.hooks))
         if self.hooks is not None and not (isinstance(self.hooks, tuple) and all(map(is_int, self.hooks))):
             raise SpecformerError(f"hooks must be a list of integers, got {self.hooks!r}")
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
-        if self.intermediate_size is not None and (not is_int(self.intermediate_size) or self.intermediate_size < 1):
-            raise SpecformerError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
+        if self.intermediate_size is not None:
+            POSITIVE_INT.check("intermediate_size", self.intermediate_size)
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
         L = target.num_layers

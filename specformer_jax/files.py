@@ -1,4 +1,5 @@
-"""Writing files so that a crash or Ctrl-C never leaves half of one under its final name."""
+"""Files: written so that a crash or Ctrl-C never leaves half of one under its final name, read with one-line errors
+for what users point us at, and output places probed before any long work."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+
+from specformer_jax.errors import SpecformerError
 
 
 @contextlib.contextmanager
@@ -76,3 +79,46 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """The UTF-8 text of a file the user named (`what` it is, for messages): a missing file, a directory or bytes
+    that are not UTF-8 text are one-line errors (other OSErrors, e.g. permissions, pass through)."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecformerError(f"{what} {path} is a directory")
+    if not path.exists():
+        raise SpecformerError(f"{what} {path} does not exist")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecformerError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+
+
+def read_json(path: Path, what: str = "file"):
+    """The JSON document of a file the user named, with read_text's errors and one for text that is not JSON."""
+    try:
+        return json.loads(read_text(path, what))
+    except json.JSONDecodeError as e:
+        raise SpecformerError(f"{what} {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+
+
+def probe_writable(path: Path, directory: bool = False) -> Path:
+    """Refuse, before any work, an output path that could not be written: an existing path of the other kind (a
+    directory where a file goes), a path under a file, or a place where the OS refuses to create a file (permissions,
+    a read-only or virtual file system such as /proc). Creates and removes a file in the nearest existing directory."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != directory:
+        raise SpecformerError(f"{path} exists and is not a {'directory' if directory else 'file'}")
+    parent = next((a for a in path.absolute().parents if a.exists()), Path(path.absolute().anchor))
+    if not parent.is_dir():
+        raise SpecformerError(f"{path} lies under {parent}, which is a file")
+    probe_dir = path if directory and path.exists() else parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".specformer-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SpecformerError(f"{path}: cannot write there ({e.strerror or e})") from None
+    return path

@@ -9,7 +9,7 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One persistent compile cache for the session, in a temporary directory (not the CLI's ~/.cache/specformer/xla),
+# One persistent compile cache for the session, in a temporary directory (not the CLI's SPECFORMER_CACHE/xla),
 # shared by the CLI subprocesses: programs compiled again, by another test or a run that starts over, load from it.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="specformer-tests-xla-")
@@ -20,14 +20,15 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _decoding_records_stay_out_of_the_user_cache(monkeypatch, tmp_path_factory):
-    """Every speculative `generate` records what it measured for `--draft-len auto` (decoding/draft_len.py). A test's
+    """The CLI records what speculative decoding measured for `--draft-len auto` (decoding/records.py). A test's
     records go to a fresh directory, so tests neither teach the developer's own cache nor read what other tests
     decoded; a test that sets SPECFORMER_CACHE itself gets that directory. (The default model's GGUF, also under
     the cache, is still found where it is.)"""
-    from specformer_jax.decoding import draft_len
+    from specformer_jax.decoding import records
 
-    real, records = draft_len.cache_dir, tmp_path_factory.mktemp("records")
-    monkeypatch.setattr(draft_len, "cache_dir", lambda: real() if os.environ.get("SPECFORMER_CACHE") else records)
+    real, fresh = records.records_directory, tmp_path_factory.mktemp("records")
+    monkeypatch.setattr(records, "records_directory", lambda: real() if os.environ.get("SPECFORMER_CACHE") else fresh)
+
 
 COMMON = dict(
     vocab_size=128,

@@ -195,11 +195,11 @@ def tiny_model(tiny_checkpoints):
     ([1, 5, 6], {}, "wrap a single prompt"),
     ([[1.0, 5.7]], {}, "prompt 0 must be text or a list of integer token ids"),  # was truncated to [1, 5]
     ([[True, False]], {}, "prompt 0 must be text"),
-    ([[1, 5]], {"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
-    ([[1, 5]], {"batch_size": "2"}, "batch_size must be an integer"),
-    ([[1, 5]], {"seed": 2**70}, "seed must be in"),
-    ([[1, 5]], {"temperature": None}, "temperature must be a finite number"),
-    ([[1, 5]], {"temperature": 1.0, "top_k": 2.5}, "top_k must be an integer"),
+    ([[1, 5]], {"max_new_tokens": 2.5}, "max_new_tokens must be a positive integer"),
+    ([[1, 5]], {"batch_size": "2"}, "batch_size must be a positive integer"),
+    ([[1, 5]], {"seed": 2**70}, "seed must be an integer that fits in 64 bits"),
+    ([[1, 5]], {"temperature": None}, "temperature must be a non-negative finite number"),
+    ([[1, 5]], {"temperature": 1.0, "top_k": 2.5}, "top_k must be a non-negative integer"),
     ([[1, 5]], {"draft_len": 2}, "needs a drafter"),
     ([[1, 5]], {"drafter": "default"}, "drafter must be what load_drafter"),
     ([[1, 5]], {"mesh": "bogus"}, "mesh"),
@@ -235,6 +235,6 @@ def test_a_drafter_for_another_target_is_refused_before_decoding(tiny_model, tin
 def test_distill_checks_its_arguments_before_writing(tiny_model, tmp_path):
     from specformer_jax.training.distill import distill
 
-    with pytest.raises(SpecformerError, match="max_new_tokens must be >= 1"):
+    with pytest.raises(SpecformerError, match="max_new_tokens must be a positive integer"):
         distill(tiny_model, [[1, 5]], tmp_path / "d", max_new_tokens=0, progress=False)
     assert not (tmp_path / "d").exists()  # a rerun with a good value is not refused as "other settings"

@@ -1,4 +1,5 @@
-"""--draft-len auto: the cost model's choice, measured costs cached on disk, lossless whatever it picks."""
+"""--draft-len auto: the cost model's choice, the records it learns from (in memory or on disk), lossless whatever it
+picks; the Python API records nothing unless given a store."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter, record_eval, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import api, draft_len as dl
+from specformer_jax.decoding import cost_model as cm
+from specformer_jax.decoding import records as rec
+from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.records import DecodeRecords
+from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 
@@ -19,19 +24,19 @@ PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6,
 
 
 def test_speedup_model_and_choice():
-    good = dl.expected_tokens([0.9, 0.8, 0.7, 0.6], range(1, 5))
+    good = cm.expected_tokens([0.9, 0.8, 0.7, 0.6], range(1, 5))
     assert good == pytest.approx({1: 1.9, 2: 2.7, 3: 3.4, 4: 4.0})
     cheap = {1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}  # memory bound: a round costs little more than a step
-    s = dl.predicted_speedups(1.0, cheap, good)
+    s = cm.predicted_speedups(1.0, cheap, good)
     assert s == pytest.approx({1: 1.9 / 1.1, 2: 2.7 / 1.2, 3: 3.4 / 1.3, 4: 4.0 / 1.4})
-    assert dl.choose_draft_len(s) == 4
+    assert cm.choose_draft_len(s) == 4
     bound = {k: k + 1.0 for k in range(1, 5)}  # compute bound: a round costs k + 1 steps
-    assert dl.choose_draft_len(dl.predicted_speedups(1.0, bound, good)) == 0
-    useless = dl.expected_tokens([0.0] * 4, range(1, 5))
-    assert dl.choose_draft_len(dl.predicted_speedups(1.0, cheap, useless)) == 0
-    fading = dl.expected_tokens([0.5, 0.1, 0.02, 0.0], range(1, 5))  # later slots rarely accepted: fewer drafts
-    assert dl.choose_draft_len(dl.predicted_speedups(1.0, {1: 1.05, 2: 1.2, 3: 1.35, 4: 1.5}, fading)) == 1
-    assert dl.choose_draft_len({1: 1.03}) == 0 and dl.choose_draft_len({1: 1.03}, margin=0.0) == 1
+    assert cm.choose_draft_len(cm.predicted_speedups(1.0, bound, good)) == 0
+    useless = cm.expected_tokens([0.0] * 4, range(1, 5))
+    assert cm.choose_draft_len(cm.predicted_speedups(1.0, cheap, useless)) == 0
+    fading = cm.expected_tokens([0.5, 0.1, 0.02, 0.0], range(1, 5))  # later slots rarely accepted: fewer drafts
+    assert cm.choose_draft_len(cm.predicted_speedups(1.0, {1: 1.05, 2: 1.2, 3: 1.35, 4: 1.5}, fading)) == 1
+    assert cm.choose_draft_len({1: 1.03}) == 0 and cm.choose_draft_len({1: 1.03}, margin=0.0) == 1
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +50,17 @@ def drafter(model, rates):
     return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), meta)
 
 
-def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "_COMPILED", api._Compiled())  # to count the loops compiled below
+def no_measuring(*a, **k):
+    raise AssertionError("costs should come from the records")
+
+
+def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledLoops())  # to count the loops compiled below
+    records = DecodeRecords(tmp_path / "records.json")
     d = drafter(model, [0.9, 0.8, 0.7])
     plain = generate(model, PROMPTS, max_new_tokens=12).token_ids
     capsys.readouterr()
-    res = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto", progress=True)
+    res = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto", progress=True, records=records)
     assert res.token_ids == plain
     assert "draft-len auto: timing decode loops at batch 3" in capsys.readouterr().err  # the slow first use shows
     auto = res.stats["draft_len_auto"]
@@ -60,15 +69,12 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
     assert auto["acceptance_source"] == "teacher_forced" and auto["acceptance"] == [0.9, 0.8, 0.7]
     assert auto["predicted_speedup"]["1"] == pytest.approx(1.9 * auto["step_seconds"] / auto["round_seconds"]["1"],
                                                            rel=1e-3)
-    assert len(json.loads((tmp_path / "step_costs.json").read_text())) == 1
+    assert len(json.loads((tmp_path / "records.json").read_text())["step_costs"]) == 1
     # each of the k = 0..3 loops timed was compiled once (by compile_loops), plus plain decoding above and the chosen k
-    assert len(api._COMPILED._cache) == 1 + 4 + (auto["draft_len"] > 0)
+    assert len(runner.COMPILED) == 1 + 4 + (auto["draft_len"] > 0)
 
-    def no_measuring(*a, **k):
-        raise AssertionError("costs should come from the cache")
-
-    monkeypatch.setattr(dl, "measure_costs", no_measuring)
-    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len="auto", progress=True)
+    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=AutoDraftLen(records, measure=no_measuring),
+                     progress=True, records=records)
     assert again.token_ids == plain
     assert "timing decode loops" not in capsys.readouterr().err
     second = again.stats["draft_len_auto"]
@@ -82,53 +88,84 @@ def test_auto_is_lossless_and_caches_measured_costs(model, tmp_path, monkeypatch
         assert second["tokens_per_round"][str(k)] == pytest.approx(res.stats["batch_accepted_length"], abs=1e-4)
 
     # New decoding code (an upgrade, an edit) is measured anew: its rounds may cost something else.
-    key = dl._cost_key(model, d, 2, 64)
-    monkeypatch.setattr(dl, "code_fingerprint", lambda: "other code")
-    assert dl._cost_key(model, d, 2, 64) != key
+    key = rec._cost_key(model, d, 2, 64)
+    monkeypatch.setattr(rec, "code_fingerprint", lambda: "other code")
+    assert rec._cost_key(model, d, 2, 64) != key
 
 
-def test_damaged_cost_entries_are_measured_again(model, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
+def test_the_api_records_only_into_a_store_it_is_given(model, tmp_path, monkeypatch):
+    """A notebook's generate must not change what a later run chooses: without `records` nothing is written (and
+    "auto" measures for itself); the CLI keeps its records in SPECFORMER_CACHE."""
+    from specformer_jax.cli import main
+
+    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path / "cache"))
+    d = drafter(model, [0.9, 0.8, 0.7])
+    generate(model, PROMPTS, max_new_tokens=6, drafter=d, draft_len=2)
+    measured = []
+    tuner = AutoDraftLen(measure=lambda *a, **k: measured.append(a[2]) or {"step_seconds": 1.0,
+                                                                           "round_seconds": {1: 1.0, 2: 1.0, 3: 1.0}})
+    generate(model, PROMPTS, max_new_tokens=6, drafter=d, draft_len=tuner)
+    assert measured == [3] and not (tmp_path / "cache").exists()
+    mine = DecodeRecords()  # in memory: this process only
+    generate(model, PROMPTS, max_new_tokens=6, drafter=d, draft_len=2, records=mine)
+    assert set(mine.batch_rounds(model, d, False, 3)) == {2} and len(mine.acceptance(model, d, False)) == 2
+    save_drafter(tmp_path / "d", d.cfg, d.params, model.cfg, dtype="float32", meta=d.meta)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
+    assert main(["generate", "--model", model.source, "--drafter", str(tmp_path / "d"), "--prompts-file", str(prompts),
+                 "--max-new-tokens", "6", "--draft-len", "2"]) == 0
+    cli = DecodeRecords(tmp_path / "cache" / rec.FILE_NAME)
+    assert set(cli.batch_rounds(model, load_drafter(tmp_path / "d", model), False, 3)) == {2}
+
+
+def test_damaged_cost_entries_are_measured_again(model, tmp_path):
     d = drafter(model, [0.9, 0.8, 0.7])
     fresh = {"step_seconds": 1.0, "round_seconds": {1: 1.1}}
-    monkeypatch.setattr(dl, "measure_costs", lambda *a, **k: fresh)
-    path, key = tmp_path / "step_costs.json", dl._cost_key(model, d, 2, 64)
+    path, key = tmp_path / "records.json", rec._cost_key(model, d, 2, 64)
+    tuner = AutoDraftLen(DecodeRecords(path), measure=lambda *a, **k: fresh)
     for damaged in ({key: {"step_seconds": 1.0}}, {key: {"step_seconds": "x", "round_seconds": {}}}, {key: [1]}, [1]):
-        path.write_text(json.dumps(damaged))
-        assert dl.measured_costs(model, d, 2, 64) == fresh
-        assert json.loads(path.read_text())[key] == {"step_seconds": 1.0, "round_seconds": {"1": 1.1}}
-    monkeypatch.setattr(dl, "measure_costs", lambda *a, **k: pytest.fail("a sound entry is reused"))
-    assert dl.measured_costs(model, d, 2, 64) == fresh
+        path.write_text(json.dumps({"step_costs": damaged}))
+        assert tuner.choose(model, d, 2, 64).step_seconds == 1.0
+        assert json.loads(path.read_text())["step_costs"][key] == {"step_seconds": 1.0, "round_seconds": {"1": 1.1}}
+    path.write_text("[1]")
+    assert tuner.choose(model, d, 2, 64).round_seconds == {1: 1.1}
+    sound = AutoDraftLen(DecodeRecords(path), measure=lambda *a, **k: pytest.fail("a sound entry is reused"))
+    assert sound.choose(model, d, 2, 64).round_seconds == {1: 1.1}
 
 
-def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
+def test_decoding_acceptance_is_a_running_average_per_drafter(model, tmp_path):
     d, other = drafter(model, [0.9, 0.8, 0.7]), drafter(model, [0.5, 0.4, 0.3])
     other = LoadedDrafter(other.cfg, init_drafter(model.cfg, other.cfg, jax.random.key(1)), other.meta)
-    assert dl.decoding_acceptance(model, d, sampled=False) == []
-    dl.remember_acceptance(model, d, [0.5, 0.2], rounds=100, sampled=False)  # two slots drafted
-    dl.remember_acceptance(model, d, [0.2, 0.1, 0.05], rounds=300, sampled=False)
-    assert dl.decoding_acceptance(model, d, sampled=False) == pytest.approx([0.275, 0.125, 0.05])
-    assert dl.decoding_acceptance(model, d, sampled=True) == []  # sampling keeps its own estimate
-    assert dl.decoding_acceptance(model, other, sampled=False) == []  # and so does every other drafter
-    dl.remember_acceptance(model, d, [1.0], rounds=0, sampled=False)  # nothing decoded: nothing learned
-    assert dl.decoding_acceptance(model, d, sampled=False)[0] == pytest.approx(0.275)
-    path = tmp_path / "decode_acceptance.json"  # an entry damaged by hand counts as none, and is written anew
+    records = DecodeRecords(tmp_path / "records.json")
+    add = lambda dr, rates, rounds, sampled=False: records.add_run(
+        model, dr, sampled, batch_size=4, draft_len=len(rates), acceptance=rates, rounds=rounds, plain_steps=0,
+        batch_rounds=0)
+    assert records.acceptance(model, d, sampled=False) == []
+    add(d, [0.5, 0.2], 100)  # two slots drafted
+    add(d, [0.2, 0.1, 0.05], 300)
+    assert records.acceptance(model, d, sampled=False) == pytest.approx([0.275, 0.125, 0.05])
+    assert records.acceptance(model, d, sampled=True) == []  # sampling keeps its own estimate
+    assert records.acceptance(model, other, sampled=False) == []  # and so does every other drafter
+    add(d, [1.0], 0)  # nothing decoded: nothing learned
+    assert records.acceptance(model, d, sampled=False)[0] == pytest.approx(0.275)
+    path = tmp_path / "records.json"  # an entry damaged by hand counts as none, and is written anew
     saved = path.read_text()
-    key = dl._drafter_key(model, d, False)
-    for damaged in ({"rates": [0.5, "x"], "rounds": [1, 1]}, {"rates": [0.5]}, [0.5], {"rates": [2.0], "rounds": [1]}):
-        path.write_text(json.dumps({key: damaged}))
-        assert dl.decoding_acceptance(model, d, sampled=False) == []
+    key = rec._drafter_key(model, d, False)
+    for damaged in ({"accepted": [0.5, "x"], "rounds": [1, 1]}, {"accepted": [0.5]}, [0.5],
+                    {"accepted": [2.0], "rounds": [1]}):
+        path.write_text(json.dumps({"acceptance": {key: damaged}}))
+        assert records.acceptance(model, d, sampled=False) == []
     path.write_text("[1]")
-    assert dl.decoding_acceptance(model, d, sampled=False) == []
-    dl.remember_acceptance(model, d, [0.4], rounds=10, sampled=False)
-    assert dl.decoding_acceptance(model, d, sampled=False) == pytest.approx([0.4])
+    assert records.acceptance(model, d, sampled=False) == []
+    add(d, [0.4], 10)
+    assert records.acceptance(model, d, sampled=False) == pytest.approx([0.4])
     path.write_text(saved)
     # a useless drafter, once measured, makes auto fall back to plain decoding whatever its eval promised
-    monkeypatch.setattr(dl, "measured_costs", lambda *a: {"step_seconds": 1.0, "round_seconds": {1: 1.02, 2: 1.05, 3: 1.1}})
-    assert dl.auto_draft_len(model, d, 4, 64).draft_len > 0  # measured 0.275 + 0.125 + 0.05: still worth it
-    dl.remember_acceptance(model, other, [0.01, 0.0, 0.0], rounds=500, sampled=False)
-    choice = dl.auto_draft_len(model, other, 4, 64)
+    costs = {"step_seconds": 1.0, "round_seconds": {1: 1.02, 2: 1.05, 3: 1.1}}
+    tuner = AutoDraftLen(records, measure=lambda *a, **k: costs)
+    assert tuner.choose(model, d, 4, 64).draft_len > 0  # measured 0.275 + 0.125 + 0.05: still worth it
+    add(other, [0.01, 0.0, 0.0], 500)
+    choice = tuner.choose(model, other, 4, 64)
     assert (choice.draft_len, choice.acceptance_source) == (0, "decoding")
 
 
@@ -138,67 +175,69 @@ def test_auto_needs_recorded_acceptance(model, tmp_path, cli_error):
     d = drafter(model, None)
     save_drafter(tmp_path / "d", d.cfg, d.params, model.cfg)
     record_eval(tmp_path / "d", {"acceptance_rate_per_slot": [0.5, 0.25, 0.1]})
-    assert dl.drafter_acceptance(load_drafter(tmp_path / "d", model)) == [0.5, 0.25, 0.1]
+    assert drafter_acceptance(load_drafter(tmp_path / "d", model)) == [0.5, 0.25, 0.1]
     err = cli_error(["generate", "--model", "x", "--prompt", "hi", "--draft-len", "often"])
     assert "non-negative integer or auto" in err
 
 
 def test_tokens_per_round_follow_what_batches_achieved():
     expected = {1: 1.5, 2: 1.8, 3: 2.0}
-    assert dl.tokens_per_round(expected, {}) == expected
-    assert dl.tokens_per_round(expected, {4: {"steps": 10, "rounds": 10}}) == expected  # a k not asked about
+    assert cm.tokens_per_round(expected, {}) == expected
+    assert cm.tokens_per_round(expected, {4: {"steps": 10, "rounds": 10}}) == expected  # a k not asked about
     # k = 2 measured at 1.35 tokens per round, 75% of its E: the others are scaled alike
-    got = dl.tokens_per_round(expected, {2: {"steps": 135, "rounds": 100}})
+    got = cm.tokens_per_round(expected, {2: {"steps": 135, "rounds": 100}})
     assert got == pytest.approx({1: 1.125, 2: 1.35, 3: 1.5})
     # several measured k: each keeps its own figure, the share for the rest is over all their rounds
-    got = dl.tokens_per_round(expected, {1: {"steps": 150, "rounds": 100}, 2: {"steps": 90, "rounds": 100}})
+    got = cm.tokens_per_round(expected, {1: {"steps": 150, "rounds": 100}, 2: {"steps": 90, "rounds": 100}})
     assert got == pytest.approx({1: 1.5, 2: 0.9, 3: 2.0 * 240 / 330})
     # batches that beat E keep their own figure, and the others keep E
-    assert dl.tokens_per_round(expected, {2: {"steps": 200, "rounds": 100}}) == pytest.approx({1: 1.5, 2: 2.0, 3: 2.0})
+    assert cm.tokens_per_round(expected, {2: {"steps": 200, "rounds": 100}}) == pytest.approx({1: 1.5, 2: 2.0, 3: 2.0})
 
 
-def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path, monkeypatch):
+def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path):
     """A batch waits for its slowest row: when decoding at a batch size needed nearly as many rounds as plain steps,
     auto stops drafting there although the drafter's acceptance promises a speedup."""
-    monkeypatch.setenv("SPECFORMER_CACHE", str(tmp_path))
     d = drafter(model, [0.5, 0.3, 0.1])
+    path = tmp_path / "records.json"
+    records = DecodeRecords(path)
     costs = {"step_seconds": 1.0, "round_seconds": {1: 1.1, 2: 1.2, 3: 1.3}}
-    monkeypatch.setattr(dl, "measured_costs", lambda *a: costs)
-    first = dl.auto_draft_len(model, d, 8, 64)
+    tuner = AutoDraftLen(records, measure=lambda *a, **k: costs)
+    first = tuner.choose(model, d, 8, 64)
     assert first.draft_len == 2 and first.batch_measured == []  # E = 1.8 for 1.2 steps' time: 1.5x
     # What generate records: plain decoding's steps for the same tokens (the longest row's, less the prefill's token)
     # against the rounds run. A real run at batch 3 on the tiny model:
-    spec = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=2)
+    spec = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=2, records=records)
     plain = generate(model, PROMPTS, max_new_tokens=12)
     assert spec.token_ids == plain.token_ids
-    stored = dl.batch_rounds(model, d, 3, sampled=False)
+    stored = records.batch_rounds(model, d, False, 3)
     assert stored == {2: {"steps": plain.stats["decode_steps"], "rounds": spec.stats["decode_steps"]}}
     ratio = plain.stats["decode_steps"] / spec.stats["decode_steps"]
     assert spec.stats["batch_accepted_length"] == pytest.approx(ratio)
-    assert dl.batch_rounds(model, d, 8, sampled=False) == {}  # other batch sizes keep their own
-    path = tmp_path / "batch_rounds.json"  # entries damaged by hand are ignored
-    table = json.loads(path.read_text())
-    for entries in table.values():
+    assert records.batch_rounds(model, d, False, 8) == {}  # other batch sizes keep their own
+    add = lambda b, k, steps, rounds: records.add_run(model, d, False, batch_size=b, draft_len=k, acceptance=[],
+                                                      rounds=0, plain_steps=steps, batch_rounds=rounds)
+    tables = json.loads(path.read_text())  # entries damaged by hand are ignored
+    for entries in tables["batch_rounds"].values():
         entries.update({"8": {"steps": 1, "rounds": 1}, "8,x": {}, "8,1": {"steps": "many", "rounds": 3}})
-    path.write_text(json.dumps(table))
-    assert dl.batch_rounds(model, d, 8, sampled=False) == {}
-    dl.remember_batch_rounds(model, d, 8, 1, plain_steps=12, rounds=10, sampled=False)  # recorded afresh
-    assert dl.batch_rounds(model, d, 8, sampled=False) == {1: {"steps": 12, "rounds": 10}}
-    for damaged in ([1], {key: [1] for key in table}):  # not objects at all
-        path.write_text(json.dumps(damaged))
-        assert dl.batch_rounds(model, d, 3, sampled=False) == {}
-        dl.remember_batch_rounds(model, d, 3, 2, plain_steps=12, rounds=10, sampled=False)
-        assert dl.batch_rounds(model, d, 3, sampled=False) == {2: {"steps": 12, "rounds": 10}}
+    path.write_text(json.dumps(tables))
+    assert records.batch_rounds(model, d, False, 8) == {}
+    add(8, 1, 12, 10)  # recorded afresh
+    assert records.batch_rounds(model, d, False, 8) == {1: {"steps": 12, "rounds": 10}}
+    for damaged in ([1], {"batch_rounds": [1]}, {"batch_rounds": {key: [1] for key in tables["batch_rounds"]}}):
+        path.write_text(json.dumps(damaged))  # not objects at all
+        assert records.batch_rounds(model, d, False, 3) == {}
+        add(3, 2, 12, 10)
+        assert records.batch_rounds(model, d, False, 3) == {2: {"steps": 12, "rounds": 10}}
     # At batch 8, k = 2 gave 1.1 tokens a round (61% of E): every k now predicts below 1.15x, so plain decoding.
-    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=110, rounds=100, sampled=False)
-    second = dl.auto_draft_len(model, d, 8, 64)
+    add(8, 2, 110, 100)
+    second = tuner.choose(model, d, 8, 64)
     assert second.batch_measured == [2] and second.tokens_per_round[2] == pytest.approx(1.1)
     assert second.draft_len == 0 and max(second.predicted_speedup.values()) < 1.15
-    assert dl.auto_draft_len(model, d, 8, 64, sampled=True).draft_len == 2  # sampling keeps its own record
+    assert tuner.choose(model, d, 8, 64, sampled=True).draft_len == 2  # sampling keeps its own record
     # a long good stretch afterwards brings drafting back (older runs count up to MAX_REMEMBERED_ROUNDS rounds)
-    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=170_000, rounds=100_000, sampled=False)
-    dl.remember_batch_rounds(model, d, 8, 2, plain_steps=170_000, rounds=100_000, sampled=False)
-    third = dl.auto_draft_len(model, d, 8, 64)
-    keep = dl.MAX_REMEMBERED_ROUNDS / 100_100
+    add(8, 2, 170_000, 100_000)
+    add(8, 2, 170_000, 100_000)
+    third = tuner.choose(model, d, 8, 64)
+    keep = rec.MAX_REMEMBERED_ROUNDS / 100_100
     assert third.tokens_per_round[2] == pytest.approx((170_110 * keep + 170_000) / (100_100 * keep + 100_000))
     assert third.draft_len > 0

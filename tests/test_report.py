@@ -116,7 +116,7 @@ def test_report_errors(tmp_path, cli_error):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"results": []}))
     assert "no model facts" in cli_error(["report", str(old), "--out", str(tmp_path / "r.md")])
-    assert "cannot read" in cli_error(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r.md")])
+    assert "does not exist" in cli_error(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r.md")])
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -155,12 +155,12 @@ def _set(keys, value):
      '("model_facts" lacks "drafter_weight_bytes")'),
     ("bench_h100_k4.json", ["mean_prompt_tokens"], DELETE, '(the file lacks "mean_prompt_tokens")'),
     ("bench_cpu_quiet.json", ["results", 0, "ar", "tokens_per_second"], "fast",
-     '(batch 1 "ar" has "tokens_per_second": "fast", not a number)'),
+     '(batch 1 "ar" has "tokens_per_second": "fast", not a non-negative finite number)'),
     ("bench_cpu_quiet.json", ["device_measured"], DELETE, '(the file lacks "device_measured")'),
     ("bench_cpu_quiet.json", ["device_measured", "read_bandwidth_gb_per_s"], 0,
-     '("device_measured" has "read_bandwidth_gb_per_s": 0, not a positive number)'),
+     '("device_measured" has "read_bandwidth_gb_per_s": 0, not a positive finite number)'),
     ("bench_cpu_quiet.json", ["results", 1, "spec", "mean_accepted_length"], 0,
-     '(batch 8 "spec" has "mean_accepted_length": 0, not a positive number)'),
+     '(batch 8 "spec" has "mean_accepted_length": 0, not a positive finite number)'),
 ])
 def test_report_names_what_a_damaged_bench_file_lacks(tmp_path, cli_error, name, keys, value, message):
     path = changed(tmp_path, name, _set(keys, value))

@@ -13,7 +13,7 @@ import scipy.stats
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import api, speculative
+from specformer_jax.decoding import runner, speculative
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits
 from specformer_jax.modeling.drafter import init_drafter
@@ -107,7 +107,7 @@ def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch)
         return real(logits, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), keys, sampling)
 
     monkeypatch.setattr(speculative, "_verify", ignores_q)
-    monkeypatch.setattr(api, "_COMPILED", api._Compiled())  # do not reuse the correct compiled loop
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledLoops())  # do not reuse the correct compiled loop
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
     assert chi_square_pvalue(samples, joint) < 1e-6

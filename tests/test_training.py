@@ -280,6 +280,6 @@ def test_decoding_accepted_length_is_what_speculative_decoding_reports(tmp_path)
     distill(model, prompts, tmp_path / "d", max_new_tokens=64, batch_size=4, progress=False, purpose="eval")
     ev = evaluate_drafter(model, drafter, read_distilled(tmp_path / "d"), seq_len=512, batch_size=4)
     spec = generate(model, prompts, max_new_tokens=64, batch_size=4, drafter=drafter,
-                    draft_len=drafter.cfg.num_slots, remember=False).stats
+                    draft_len=drafter.cfg.num_slots).stats
     assert ev["decoding_accepted_length"] == pytest.approx(spec["mean_accepted_length"], abs=1e-4)
     assert ev["decoding_accepted_length"] < ev["expected_accepted_length"]

@@ -9,13 +9,12 @@ solid, roofline dashed).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from specformer_jax.bench.roofline import DEVICE_SPECS, device_limits, round_seconds, step_seconds
-from specformer_jax.errors import SpecformerError, is_int
-from specformer_jax.files import save_figure
-
+from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, Kind
+from specformer_jax.errors import SpecformerError
+from specformer_jax.files import read_json, save_figure
 
 FACTS = ("target_weight_bytes", "kv_bytes_per_token", "target_matmul_flops_per_token",
          "attention_flops_per_token_per_context")
@@ -24,34 +23,24 @@ DRAFTER_FACTS = ("drafter_weight_bytes", "drafter_context_flops_per_token",
                  "drafter_slot_flops_per_slot")
 KERNELS_KEYS = {"impl", "chain", "num_kv_heads"}  # in `specformer bench-kernels` files, which have no "model"
 
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
-
-
-KINDS = {
-    "a number": _number,
-    "a positive number": lambda v: _number(v) and v > 0,
-    "a whole number": lambda v: is_int(v) and v >= 0,
-    "a positive whole number": lambda v: is_int(v) and v > 0,
-    "text": lambda v: isinstance(v, str),
-    "an object": lambda v: isinstance(v, dict),
-    "true or false": lambda v: isinstance(v, bool),
-}
+TEXT = Kind("text", lambda v: isinstance(v, str), str)
+OBJECT = Kind("an object", lambda v: isinstance(v, dict), dict)
+FLAG = Kind("true or false", lambda v: isinstance(v, bool), bool)
 _REQUIRED = object()
 
 
-def _field(p, obj, where: str, key: str, kind: str = "a number", default=_REQUIRED):
+def _field(p, obj, where: str, key: str, kind: Kind = NON_NEGATIVE, default=_REQUIRED):
     """obj[key] if it is of the kind the report reads (or default when absent and one is given), else a one-line
     error naming the file and what in it is missing or wrong."""
     if not isinstance(obj, dict) or key not in obj:
         if default is not _REQUIRED:
             return default
         raise SpecformerError(f'{p}: not a complete specformer bench result ({where} lacks "{key}")')
-    if not KINDS[kind](obj[key]):
+    if not kind.ok(obj[key]):
         shown = json.dumps(obj[key])
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise SpecformerError(f'{p}: not a complete specformer bench result ({where} has "{key}": {shown}, not {kind})')
+        raise SpecformerError(f'{p}: not a complete specformer bench result ({where} has "{key}": {shown}, not '
+                              f'{kind.what})')
     return obj[key]
 
 
@@ -59,37 +48,37 @@ def _check(p, doc: dict) -> None:
     """Every field the report reads is there and of the right kind, so a damaged file fails in one line."""
     top = "the file"
     for key in ("device", "dtype"):
-        _field(p, doc, top, key, "text")
+        _field(p, doc, top, key, TEXT)
     for key in ("num_prompts", "max_new_tokens", "mean_prompt_tokens"):
         _field(p, doc, top, key)
-    _field(p, doc, top, "versions", "an object", default={})
-    _field(p, doc, top, "complete", "true or false", default=True)
+    _field(p, doc, top, "versions", OBJECT, default={})
+    _field(p, doc, top, "complete", FLAG, default=True)
     if doc["device"] not in DEVICE_SPECS:  # no published limits: the bench's own measurement is used
-        m = _field(p, doc, top, "device_measured", "an object")
+        m = _field(p, doc, top, "device_measured", OBJECT)
         bw = "read_bandwidth_gb_per_s" if "read_bandwidth_gb_per_s" in m else "copy_bandwidth_gb_per_s"
         for key in (bw, "matmul_tflop_per_s"):
-            _field(p, m, '"device_measured"', key, "a positive number")
-    facts = _field(p, doc, top, "model_facts", "an object")
-    _field(p, facts, '"model_facts"', FACTS[0], "a positive number")
+            _field(p, m, '"device_measured"', key, POSITIVE)
+    facts = _field(p, doc, top, "model_facts", OBJECT)
+    _field(p, facts, '"model_facts"', FACTS[0], POSITIVE)
     rows = doc["results"]
     want_spec = (doc.get("drafter", "none") not in ("none", None)  # bench --drafter none measures plain decoding only
                  or any(isinstance(r, dict) and "spec" in r for r in rows))
     for key in FACTS[1:] + (DRAFTER_FACTS if want_spec else ()):
         _field(p, facts, '"model_facts"', key)
     for i, r in enumerate(rows):
-        where = f"batch {_field(p, r, f'result {i + 1}', 'batch_size', 'a positive whole number')}"
-        _field(p, _field(p, r, where, "ar", "an object"), f'{where} "ar"', "tokens_per_second")
+        where = f"batch {_field(p, r, f'result {i + 1}', 'batch_size', POSITIVE_INT)}"
+        _field(p, _field(p, r, where, "ar", OBJECT), f'{where} "ar"', "tokens_per_second")
         if want_spec:
             _check_spec(p, doc, r, where)
 
 
 def _check_spec(p, doc: dict, r: dict, where: str) -> None:
     """The speculative side of one batch size (nothing more to read when its draft length is 0)."""
-    spec = _field(p, r, where, "spec", "an object")
+    spec = _field(p, r, where, "spec", OBJECT)
     holder, at = (spec, f'{where} "spec"') if "draft_len" in spec else (doc, "the file")
-    if _field(p, holder, at, "draft_len", "a whole number", default=0):
+    if _field(p, holder, at, "draft_len", NON_NEGATIVE_INT, default=0):
         _field(p, spec, f'{where} "spec"', "tokens_per_second")
-        _field(p, spec, f'{where} "spec"', "mean_accepted_length", "a positive number", default=1.0)
+        _field(p, spec, f'{where} "spec"', "mean_accepted_length", POSITIVE, default=1.0)
         _field(p, r, where, "speedup")
         if r.get("output_equivalence") is not None:
             _field(p, r, where, "output_equivalence")
@@ -99,12 +88,7 @@ def load_results(paths: list[Path]) -> list[dict]:
     """The bench result files, each checked for every field the report reads."""
     out = []
     for p in paths:
-        try:
-            doc = json.loads(Path(p).read_text())
-        except OSError as e:
-            raise SpecformerError(f"cannot read {p}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise SpecformerError(f"{p} is not valid JSON ({e.msg})") from None
+        doc = read_json(p, "result file")
         if isinstance(doc, dict) and "model" not in doc and KERNELS_KEYS & doc.keys():
             raise SpecformerError(f"{p} is a bench-kernels result; report reads specformer bench files")
         if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):

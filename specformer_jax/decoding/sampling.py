@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specformer_jax.errors import SpecformerError
+from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, PROBABILITY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,12 +17,9 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise SpecformerError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpecformerError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SpecformerError(f"top_p must be in (0, 1], got {self.top_p}")
+        object.__setattr__(self, "temperature", NON_NEGATIVE.check("temperature", self.temperature))
+        object.__setattr__(self, "top_k", NON_NEGATIVE_INT.check("top_k", self.top_k))
+        object.__setattr__(self, "top_p", PROBABILITY.check("top_p", self.top_p))
 
     @property
     def greedy(self) -> bool:

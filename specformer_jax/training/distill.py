@@ -23,8 +23,10 @@ from typing import Sequence
 from tqdm import tqdm
 
 from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.decoding.api import Prompt, encode_prompts, generate
-from specformer_jax.errors import SpecformerError, check_int
+from specformer_jax.checks import POSITIVE_INT
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.encode import Prompt, encode_prompts
+from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
 from specformer_jax.training.prompts import EVALUATION_PROMPTS, evaluation_prompts, is_evaluation_prompt
 
@@ -143,9 +145,9 @@ def distill(
     """
     if not prompts:
         raise SpecformerError("no prompts given")
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)  # all checked before the manifest is written
-    batch_size = check_int("batch_size", batch_size, 1)
-    shard_size = check_int("shard_size", shard_size, 1)
+    max_new_tokens = POSITIVE_INT.check("max_new_tokens", max_new_tokens)  # checked before the manifest is written
+    batch_size = POSITIVE_INT.check("batch_size", batch_size)
+    shard_size = POSITIVE_INT.check("shard_size", shard_size)
     if purpose not in PURPOSES:
         raise SpecformerError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
     if purpose == "train":

@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.errors import SpecformerError, check_int
+from specformer_jax.checks import POSITIVE_INT, integer
+from specformer_jax.errors import SpecformerError
 from specformer_jax.training.data import eval_batches
 from specformer_jax.training.distill import check_token_ids
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
@@ -29,7 +30,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "input_ids" in r
                                                               for r in records):
         raise SpecformerError("records must be a non-empty list of distilled records (read_distilled(DIR))")
-    seq_len, batch_size = check_int("seq_len", seq_len, 2), check_int("batch_size", batch_size, 1)
+    seq_len, batch_size = integer(2).check("seq_len", seq_len), POSITIVE_INT.check("batch_size", batch_size)
     check_drafter_fits(drafter, target.cfg)
     check_token_ids(records, target.cfg.vocab_size)
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
