@@ -54,15 +54,16 @@ def integer(low: int | None = None, high: int | None = None, what: str | None = 
     return Kind(what, lambda v: is_int(v) and (low is None or v >= low) and (high is None or v <= high), int)
 
 
-def number(low: float | None = None, high: float | None = None, above: bool = False) -> Kind:
-    """Finite real numbers in [low, high], or (low, high] when `above` (strictly greater than low)."""
+def number(low: float | None = None, high: float | None = None, above: bool = False, below: bool = False) -> Kind:
+    """Finite real numbers in [low, high]; `above`: strictly greater than low, `below`: strictly less than high."""
     if (low, high) == (0, None):
         what = "a positive finite number" if above else "a non-negative finite number"
     elif low is None and high is None:
         what = "a finite number"
     else:
-        what = f"a finite number in {'(' if above else '['}{low}, {high}]"
-    fits = lambda v: (low is None or (v > low if above else v >= low)) and (high is None or v <= high)
+        what = f"a finite number in {'(' if above else '['}{low}, {high}{')' if below else ']'}"
+    fits = lambda v: ((low is None or (v > low if above else v >= low))
+                      and (high is None or (v < high if below else v <= high)))
     return Kind(what, lambda v: is_number(v) and fits(v), float)
 
 

@@ -12,6 +12,7 @@ from typing import Mapping
 
 import jax
 
+from specformer_jax.checks import NON_NEGATIVE_INT, POSITIVE_INT, Kind, is_int
 from specformer_jax.errors import SpecformerError
 
 INIT_TIMEOUT_S = 120  # default bound on the wait for every process to join (SPECFORMER_INIT_TIMEOUT overrides)
@@ -40,16 +41,11 @@ class DistributedSetup:
         return {"slurm": "SLURM job", "tpu": "TPU pod", "auto": "SPECFORMER_DISTRIBUTED=auto"}.get(self.how, self.how)
 
 
-def _int_setting(name: str, value, minimum: int) -> int | None:
+def _int_setting(name: str, value, kind: Kind) -> int | None:
+    """A setting from the environment (text) or from the command line (already an int); None when unset."""
     if value is None or value == "":
         return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise SpecformerError(f"{name} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise SpecformerError(f"{name} must be >= {minimum}, got {number}")
-    return number
+    return kind.check(name, value) if is_int(value) else kind.parse(str(value), name)
 
 
 def _check_coordinator(address: str) -> str:
@@ -60,8 +56,9 @@ def _check_coordinator(address: str) -> str:
 
 
 def _explicit_setup(coordinator, num_processes, process_id, timeout_s: int) -> DistributedSetup:
-    count = _int_setting("number of processes (SPECFORMER_NUM_PROCESSES / --num-processes)", num_processes, 1)
-    rank = _int_setting("process id (SPECFORMER_PROCESS_ID / --process-id)", process_id, 0)
+    count = _int_setting("number of processes (SPECFORMER_NUM_PROCESSES / --num-processes)", num_processes,
+                         POSITIVE_INT)
+    rank = _int_setting("process id (SPECFORMER_PROCESS_ID / --process-id)", process_id, NON_NEGATIVE_INT)
     if count is None:
         raise SpecformerError("a coordinator or process id was given without the number of processes: "
                               "set SPECFORMER_NUM_PROCESSES (or --num-processes)")
@@ -97,7 +94,7 @@ def distributed_setup(env: Mapping[str, str], coordinator: str | None = None, nu
     SPECFORMER_DISTRIBUTED=auto: let JAX detect the cluster (launch/tpu_pod.sh sets it); =off: stay one process.
     Otherwise a SLURM job of several tasks or a multi-host TPU environment is detected; else a single process.
     SPECFORMER_INIT_TIMEOUT: seconds to wait for every process to join (default 120)."""
-    timeout_s = _int_setting("SPECFORMER_INIT_TIMEOUT", env.get("SPECFORMER_INIT_TIMEOUT"), 1) or INIT_TIMEOUT_S
+    timeout_s = _int_setting("SPECFORMER_INIT_TIMEOUT", env.get("SPECFORMER_INIT_TIMEOUT"), POSITIVE_INT) or INIT_TIMEOUT_S
     coordinator = coordinator or env.get("SPECFORMER_COORDINATOR") or None
     num_processes = num_processes if num_processes is not None else env.get("SPECFORMER_NUM_PROCESSES")
     process_id = process_id if process_id is not None else env.get("SPECFORMER_PROCESS_ID")

@@ -120,5 +120,5 @@ def probe_writable(path: Path, directory: bool = False) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise SpecformerError(f"{path}: cannot write there ({e.strerror or e})") from None
+        raise SpecformerError(f"{path}: cannot create a file in {probe_dir} ({e.strerror or e})") from None
     return path

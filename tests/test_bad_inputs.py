@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from specformer_jax.checkpoints.loader import load_target
@@ -166,12 +167,12 @@ def test_cache_directory_that_is_a_file(cli_error, tmp_path, monkeypatch):
 
 
 def test_os_errors_are_one_line(cli_error, tmp_path, monkeypatch):
-    from specformer_jax import cli
+    from specformer_jax.cli import decode
 
     def refused(args):
         raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
 
-    monkeypatch.setattr(cli, "_run_generate", refused)
+    monkeypatch.setattr(decode, "run_generate", refused)
     assert cli_error(["generate", "--prompt", "hi"]).endswith("out: Permission denied")
 
 
@@ -238,3 +239,109 @@ def test_distill_checks_its_arguments_before_writing(tiny_model, tmp_path):
     with pytest.raises(SpecformerError, match="max_new_tokens must be a positive integer"):
         distill(tiny_model, [[1, 5]], tmp_path / "d", max_new_tokens=0, progress=False)
     assert not (tmp_path / "d").exists()  # a rerun with a good value is not refused as "other settings"
+
+
+def test_a_prompt_with_a_lone_surrogate(cli_error, tmp_path, tiny_model, monkeypatch):
+    """JSON can spell a lone surrogate ("\\ud800"); no tokenizer takes it (a TypeError deep in tokenizers)."""
+    from specformer_jax.checkpoints.loader import LoadedTarget
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "x \\ud800 y"}\n')
+    line = cli_error(["generate", "--prompts-file", str(prompts)])
+    assert "prompt 0 is not valid Unicode text: character 2 is a lone surrogate ('\\ud800')" in line
+    with_tokenizer = LoadedTarget(tiny_model.cfg, tiny_model.params, load_default_tokenizer(), (2,), "tiny")
+    with pytest.raises(SpecformerError, match="prompt 1 is not valid Unicode text"):
+        generate(with_tokenizer, ["fine", "x \udcff"], max_new_tokens=2)
+
+
+def load_default_tokenizer():
+    from specformer_jax.checkpoints.default import default_model_path
+    from specformer_jax.checkpoints.gguf_io import _tokenizer
+
+    return _tokenizer(default_model_path())
+
+
+def save_a_tokenizer(directory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 2, "hi": 3, "there": 4}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>").save_pretrained(directory)
+
+
+@pytest.mark.parametrize("name, damage, message", [
+    ("tokenizer.json", lambda t: t[: len(t) // 2], "tokenizer.json is not valid JSON"),
+    ("tokenizer_config.json", lambda t: "{,}", "tokenizer_config.json is not valid JSON"),
+    ("tokenizer.json", lambda t: '{"model": 7}', "cannot build a tokenizer from"),
+])
+def test_damaged_tokenizer_files(cli_error, tmp_path, tiny_checkpoints, name, damage, message):
+    d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
+    save_a_tokenizer(d)
+    assert load_target(d).tokenizer.encode("hi there", add_special_tokens=False) == [3, 4]  # sound, it loads
+    (d / name).write_text(damage((d / name).read_text()))
+    assert message in cli_error(["generate", "--model", str(d), "--prompt", "hi"])
+
+
+def test_binary_files_where_text_is_read(cli_error, tmp_path):
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    assert f"{binary} is not UTF-8 text" in cli_error(["report", str(binary), "--out", str(tmp_path / "r.md")])
+    assert f"{binary} is not UTF-8 text" in cli_error(["sample-prompts", "--num", "2", "--out", str(binary)])
+    assert f"{binary} is not UTF-8 text" in cli_error(["train", "--config", str(binary)])
+
+
+def test_models_and_drafters_that_are_not_paths(tiny_model):
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+
+    with pytest.raises(SpecformerError, match="model must be a path or 'default', got 123"):
+        load_target(123)
+    with pytest.raises(SpecformerError, match="drafter must be a path or 'default', got None"):
+        load_drafter(None, tiny_model)
+
+
+def test_outputs_the_os_cannot_create_are_refused_before_the_model_loads(cli_error, tmp_path):
+    """/proc takes no new files: probed by creating one, before the (here missing) model would load."""
+    missing = str(tmp_path / "no-model")
+    for argv in (["bench", "--model", missing, "--out", "/proc/b.json"],
+                 ["bench", "--model", missing, "--out", str(tmp_path / "b.json"), "--plot", "/proc/b.png"],
+                 ["distill", "--model", missing, "--builtin-prompts", "1", "--out", "/proc/specformer-d"],
+                 ["report", str(tmp_path / "r.json"), "--out", "/proc/r.md"]):
+        line = cli_error(argv)
+        assert "/proc/" in line and "cannot create a file in /proc" in line, line
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("where", ["embedding row", "one layer"])
+def test_weights_with_nan_or_inf_are_refused_naming_the_tensor(cli_error, tmp_path, tiny_checkpoints, where):
+    """One NaN in one embedding row used to decode that row as [0, 0, 0, ...] with exit 0."""
+    from safetensors.numpy import load_file, save_file
+
+    d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    name = "model.embed_tokens.weight" if where == "embedding row" else "model.layers.1.mlp.down_proj.weight"
+    tensors[name][5, 3] = np.nan if where == "embedding row" else np.inf
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    assert f"{d}: tensor {name} holds NaN or infinite values" in cli_error(
+        ["generate", "--model", str(d), "--prompts-file", str(write_ids(tmp_path, [1, 5, 9]))])
+
+
+def test_a_drafter_with_nan_weights_is_refused(tiny_model, tmp_path):
+    import jax
+
+    from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.modeling.drafter import init_drafter
+
+    cfg = DrafterConfig(num_slots=2)
+    params = init_drafter(tiny_model.cfg, cfg, jax.random.key(0))
+    params["expand"]["bias"] = params["expand"]["bias"].at[7].set(np.nan)
+    save_drafter(tmp_path / "d", cfg, params, tiny_model.cfg, dtype="float32")
+    with pytest.raises(SpecformerError, match=r"params.safetensors: tensor expand/bias holds NaN or infinite values"):
+        load_drafter(tmp_path / "d", tiny_model)
+
+
+def write_ids(tmp_path, ids):
+    path = tmp_path / "ids.jsonl"
+    path.write_text(json.dumps({"input_ids": ids}) + "\n")
+    return path

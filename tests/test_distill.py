@@ -7,19 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from specformer_jax.assets import EVAL_PROMPTS as BENCHMARK
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training import distill as distill_mod
 from specformer_jax.training import prompts as prompts_mod
-from specformer_jax.training.distill import distill, read_distilled
+from specformer_jax.training.dataset import read_distilled
+from specformer_jax.training.distill import distill
 from specformer_jax.training.prompts import builtin_prompts
 
 # Ragged token-id prompts (the tiny checkpoints have no tokenizer). 6 prompts in shards of 2 = 3 shards.
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 20, 21, 22, 23, 24, 25], [1, 3, 3], [1, 99, 42, 17, 8], [1, 64]]
 KW = dict(max_new_tokens=8, batch_size=2, shard_size=2, progress=False)
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +148,7 @@ def test_builtin_prompts_are_deterministic_unique_and_clean():
 
 def test_builtin_prompts_skip_evaluation_prompts(tmp_path, monkeypatch):
     first = builtin_prompts(11, seed=0)
-    evaluation = tmp_path / "prompts.jsonl"
-    evaluation.write_text(json.dumps({"prompt": first[3].upper()}) + "\n")
-    monkeypatch.setattr(prompts_mod, "EVALUATION_PROMPTS", evaluation)
+    monkeypatch.setattr(prompts_mod, "evaluation_prompts", lambda: frozenset([prompts_mod.normalise_prompt(first[3])]))
     assert builtin_prompts(10, seed=0) == first[:3] + first[4:]
 
 

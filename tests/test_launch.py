@@ -235,9 +235,9 @@ def test_distributed_setup(env, args, expected):
     ({}, ("h:1", 2, 2), "out of range"),
     ({}, ("localhost", 2, 0), "HOST:PORT"),
     ({}, ("h:99999", 2, 0), "HOST:PORT"),
-    ({"SPECFORMER_NUM_PROCESSES": "two"}, (), "must be an integer"),
-    ({"SPECFORMER_NUM_PROCESSES": "0"}, (), "must be >= 1"),
-    ({"SPECFORMER_INIT_TIMEOUT": "0"}, (), "SPECFORMER_INIT_TIMEOUT must be >= 1"),
+    ({"SPECFORMER_NUM_PROCESSES": "two"}, (), "must be a positive integer, got 'two'"),
+    ({"SPECFORMER_NUM_PROCESSES": "0"}, (), "must be a positive integer, got '0'"),
+    ({"SPECFORMER_INIT_TIMEOUT": "0"}, (), "SPECFORMER_INIT_TIMEOUT must be a positive integer"),
     ({"SPECFORMER_DISTRIBUTED": "yes"}, (), "auto or off"),
     ({"SPECFORMER_DISTRIBUTED": "off"}, ("h:1", 2, 0), "contradicts"),
 ])
@@ -286,7 +286,8 @@ def test_missing_peer_is_one_error_line_within_the_timeout(rank, tmp_path):
 
 def write_distilled(path: Path, n: int = 48, seed: int = 1) -> Path:
     """A small dataset in the `specformer distill` format (random prompts and answers)."""
-    from specformer_jax.training.distill import FORMAT, shard_name, shard_text, write_manifest
+    from specformer_jax.training.dataset import FORMAT, shard_name
+    from specformer_jax.training.distill import shard_text, write_manifest
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 128, 8).tolist() for _ in range(n)]

@@ -74,7 +74,7 @@ def test_greedy_sampling_is_refused(model, tmp_path):
     "args, message",
     [
         (["--num", "0", "--out", "{tmp}/p.jsonl"], "positive integer"),
-        (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "expected a positive number"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--temperature", "0"], "expected a positive finite number"),
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--model", "{ckpt}"], "has no chat template"),
         (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
         (["--num", "3", "--out", "{tmp}"], "exists and is not a file"),

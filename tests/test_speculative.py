@@ -159,8 +159,8 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
 def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error, monkeypatch):
     import json
 
-    from specformer_jax import cli
     from specformer_jax.checkpoints.drafter_io import save_drafter
+    from specformer_jax.cli import bench
     from specformer_jax.cli import main
 
     writes = []  # the result file is rewritten after every batch size, so an interrupted run keeps what it measured
@@ -169,8 +169,8 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
         writes.append((len(doc["results"]), doc["complete"]))
         real_write_json(path, doc)
 
-    real_write_json = cli.write_json
-    monkeypatch.setattr(cli, "write_json", write_json)
+    real_write_json = bench.write_json
+    monkeypatch.setattr(bench, "write_json", write_json)
 
     cfg = DrafterConfig(num_slots=3)
     save_drafter(tmp_path / "d", cfg, init_drafter(model.cfg, cfg, jax.random.key(0)), model.cfg, dtype="float32")

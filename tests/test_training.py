@@ -16,7 +16,8 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training import trainer
-from specformer_jax.training.distill import distill, read_distilled
+from specformer_jax.training.dataset import load_records, read_distilled
+from specformer_jax.training.distill import distill
 from specformer_jax.training.evaluate import evaluate_drafter
 from specformer_jax.training.train_config import TrainConfig, load_train_config
 
@@ -68,9 +69,9 @@ def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, reco
     model = load_target(tiny_checkpoints["llama3"])
     unseen = [list(range(5 + i, 12 + 2 * i)) for i in range(8)]  # prompts the training records do not have
     distill(model, unseen, tmp_path / "unseen", max_new_tokens=24, batch_size=8, progress=False, purpose="eval")
-    real = trainer.load_records
     monkeypatch.setattr(trainer, "load_records",
-                        lambda d, setting="data", for_training=True: records if for_training else real(d, setting, False))
+                        lambda d, setting="data", for_training=True: records if for_training else load_records(
+                            d, setting, False))
     monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # training records in memory: no manifest
     cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
     params = trainer.train(cfg, progress=False)["state"].params
@@ -156,14 +157,14 @@ def test_train_config_errors(tmp_path):
     good.write_text("steps: 10\nlr: 1\n")
     assert load_train_config(good, ["batch_size=4"]) == TrainConfig(steps=10, lr=1.0, batch_size=4)
     assert load_train_config(good, ["lr=3e-4"]).lr == 3e-4  # YAML 1.1 reads 3e-4 as a string, as `--help` shows it
-    with pytest.raises(SpecformerError, match="lr must be float"):
+    with pytest.raises(SpecformerError, match="lr must be a positive finite number"):
         load_train_config(good, ["lr=fast"])
     sci = tmp_path / "sci.yaml"
     sci.write_text("lr: 5e-4\n")  # the same in a config file
     assert load_train_config(sci, []).lr == 5e-4
     with pytest.raises(SpecformerError, match="unknown setting"):
         load_train_config(good, ["stepz=3"])
-    with pytest.raises(SpecformerError, match="steps must be int"):
+    with pytest.raises(SpecformerError, match="steps must be a positive integer"):
         load_train_config(good, ["steps=many"])
     with pytest.raises(SpecformerError, match="does not exist"):
         load_train_config(tmp_path / "nope.yaml")
@@ -171,21 +172,21 @@ def test_train_config_errors(tmp_path):
         load_train_config(tmp_path)
     with pytest.raises(SpecformerError, match="objective must be one of ce, kl"):
         load_train_config(good, ["objective=mse"])
-    with pytest.raises(SpecformerError, match="intermediate_size must be >= 1"):
+    with pytest.raises(SpecformerError, match="intermediate_size must be a positive integer"):
         load_train_config(good, ["intermediate_size=0"])
     assert load_train_config(good, ["intermediate_size=96"]).drafter().intermediate_size == 96
-    for setting, message in [("lr=.nan", "lr must be a finite number > 0"), ("lr=-1", "lr must be"),
+    for setting, message in [("lr=.nan", "lr must be a positive finite number"), ("lr=-1", "lr must be"),
                              ("adam_eps=0", "adam_eps must be"), ("grad_clip=-1", "grad_clip must be"),
                              ("warmup_frac=5", r"warmup_frac must be a finite number in \[0, 1\]"),
                              ("min_lr=2", "min_lr must be"), ("weight_decay=.inf", "weight_decay must be"),
-                             ("chunk_positions=0", "chunk_positions must be >= 1"), ("lr=[", "not valid YAML"),
+                             ("chunk_positions=0", "chunk_positions must be a positive integer"), ("lr=[", "not valid YAML"),
                              ("hooks=[a,b]", "hooks must be a list of integers")]:
         with pytest.raises(SpecformerError, match=message):
             load_train_config(good, [setting])
 
 
 def test_training_and_eval_refuse_misuse_from_python(tiny_checkpoints, tmp_path, records, use_records):
-    with pytest.raises(SpecformerError, match="steps must be int"):
+    with pytest.raises(SpecformerError, match="steps must be a positive integer"):
         config(tiny_checkpoints, tmp_path, steps=2.5)
     with pytest.raises(SpecformerError, match="cfg must be a TrainConfig"):
         trainer.train({"steps": 2})
@@ -261,13 +262,13 @@ def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):
     model = load_target(tiny_checkpoints["llama3"])
     distill(model, [[1, 5], [1, 6, 7]], tmp_path / "a", max_new_tokens=4, batch_size=2, progress=False)
     distill(model, [[1, 9, 9]], tmp_path / "b", max_new_tokens=4, batch_size=2, progress=False)
-    both = trainer.load_records(f"{tmp_path / 'a'}, {tmp_path / 'b'}")
+    both = load_records(f"{tmp_path / 'a'}, {tmp_path / 'b'}")
     assert both == read_distilled(tmp_path / "a") + read_distilled(tmp_path / "b")
     assert [r["index"] for r in both] == [0, 1, 0]  # each keeps its own indices, so its held-out split
     with pytest.raises(SpecformerError, match="set `eval_data`"):
-        trainer.load_records(" , ", "eval_data")
+        load_records(" , ", "eval_data")
     with pytest.raises(SpecformerError, match="does not exist"):
-        trainer.load_records(str(tmp_path / "c"))
+        load_records(str(tmp_path / "c"))
 
 
 @pytest.mark.slow
@@ -283,3 +284,31 @@ def test_decoding_accepted_length_is_what_speculative_decoding_reports(tmp_path)
                     draft_len=drafter.cfg.num_slots).stats
     assert ev["decoding_accepted_length"] == pytest.approx(spec["mean_accepted_length"], abs=1e-4)
     assert ev["decoding_accepted_length"] < ev["expected_accepted_length"]
+
+
+def test_a_periodic_eval_with_nothing_to_score_is_refused_before_training(tiny_checkpoints, tmp_path, records,
+                                                                           use_records, monkeypatch):
+    """Eval answers shorter than the slots used to log a loss of 0.0000 and store it in drafter.json."""
+    short = [{**r, "input_ids": r["input_ids"][: r["prompt_len"] + 2]} for r in records]  # 2 answer tokens, 3 slots
+    monkeypatch.setattr(trainer, "load_records", lambda *a, **k: short)
+    with pytest.raises(SpecformerError, match=r"periodic eval's data \(held out\): no answer position has 3 "
+                                              "answer tokens after it within seq_len 40: nothing to score"):
+        trainer.train(config(tiny_checkpoints, tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records):
+    """dataset.scored_positions (host arithmetic) against the positions the jitted loss counts."""
+    from specformer_jax.training.batches import eval_batches
+    from specformer_jax.training.dataset import scored_positions
+    from specformer_jax.training.loss import drafter_loss
+
+    target = load_target(tiny_checkpoints["llama3"])
+    cfg = DrafterConfig(num_slots=3)
+    params = trainer.init_drafter(target.cfg, cfg, jax.random.key(0))
+    cut = [{**r, "input_ids": r["input_ids"][: r["prompt_len"] + n % 7]} for n, r in enumerate(records)]
+    for seq_len in (6, 12, 40):
+        b = eval_batches(cut, seq_len=seq_len, batch_size=len(cut), num_batches=1)[0]
+        sums = drafter_loss(params, target.params, b["tokens"], b["label_mask"], target_cfg=target.cfg,
+                            drafter_cfg=cfg)[1]
+        assert scored_positions(cut, seq_len, 3) == int(sums["positions"]), seq_len

@@ -22,8 +22,10 @@ _LAYER_MAP = [
     (("mlp", "up", "kernel"), "mlp.up_proj.weight", True),
     (("mlp", "down", "kernel"), "mlp.down_proj.weight", True),
 ]
-_BIAS_MAP = [((p, "bias"), f"self_attn.{p}_proj.bias", False) for p in ("q", "k", "v")]
-_QK_NORM_MAP = [((f"{p}_norm", "scale"), f"self_attn.{p}_norm.weight", False) for p in ("q", "k")]
+_BIAS_MAP = [(("attn", p, "bias"), f"self_attn.{p}_proj.bias", False) for p in ("q", "k", "v")]
+_QK_NORM_MAP = [(("attn", f"{p}_norm", "scale"), f"self_attn.{p}_norm.weight", False) for p in ("q", "k")]
+_GLOBAL_MAP = [(("embed", "embedding"), "model.embed_tokens.weight"), (("final_norm", "scale"), "model.norm.weight"),
+               (("lm_head", "kernel"), "lm_head.weight")]
 
 
 def _set(tree: dict, path: tuple, value):
@@ -62,11 +64,7 @@ def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig, source=N
             raise SpecformerError(f"{where}tensor {name} has shape {x.shape}; the config implies {shape}")
         return (x.T if transpose else x).astype(dtype)
 
-    layer_map = list(_LAYER_MAP)
-    if cfg.qkv_bias:
-        layer_map += [(("attn",) + p, n, t) for p, n, t in _BIAS_MAP]
-    if cfg.qk_norm:
-        layer_map += [(("attn",) + p, n, t) for p, n, t in _QK_NORM_MAP]
+    layer_map = _LAYER_MAP + (_BIAS_MAP if cfg.qkv_bias else []) + (_QK_NORM_MAP if cfg.qk_norm else [])
     embed = (cfg.vocab_size, cfg.hidden_size)
     params: dict = {}
     _set(params, ("embed", "embedding"), fetch("model.embed_tokens.weight", embed))
@@ -77,3 +75,14 @@ def params_from_hf(get: Callable[[str], np.ndarray], cfg: TargetConfig, source=N
         layers = [fetch(f"model.layers.{i}.{name}", shapes[name], transpose) for i in range(cfg.num_layers)]
         _set(params, ("layers",) + path, np.stack(layers))
     return params
+
+
+def hf_name(path: tuple[str, ...], layer: int | None = None) -> str:
+    """The Hugging Face name of the tensor behind a parameter of our tree (`layer`: which one of stacked layers)."""
+    for ours, name in _GLOBAL_MAP:
+        if path == ours:
+            return name
+    for ours, name, _ in _LAYER_MAP + _BIAS_MAP + _QK_NORM_MAP:
+        if path == ("layers",) + ours:
+            return f"model.layers.{layer}.{name}"
+    return "/".join(path)

@@ -13,14 +13,13 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
-from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.assets import DEFAULT_DRAFTER
+from specformer_jax.checkpoints.loader import LoadedTarget, checked_path, refuse_non_finite
 from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import file_sha256, write_json
 from specformer_jax.modeling.drafter import init_drafter
-
-DEFAULT_DRAFTER = Path(__file__).resolve().parents[1] / "assets" / "drafter-smollm2-135m-instruct"
 
 FINGERPRINT_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
@@ -50,11 +49,12 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
 
 def resolve_drafter_path(path: str | Path) -> Path:
     """A drafter directory ("default": the one shipped for the default model)."""
+    path = checked_path("drafter", path)
     if str(path) == "default":
         if not (DEFAULT_DRAFTER / "drafter.json").is_file():
             raise SpecformerError("this installation ships no default drafter; pass a drafter directory")
         return DEFAULT_DRAFTER
-    return Path(path).expanduser()
+    return path.expanduser()
 
 
 def record_eval(path: str | Path, result: dict) -> Path:
@@ -130,5 +130,6 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
-    return LoadedDrafter(cfg, traverse_util.unflatten_dict(params, sep="/"), meta,
-                         file_sha256(path / "params.safetensors"))
+    params = traverse_util.unflatten_dict(params, sep="/")
+    refuse_non_finite(params, path / "params.safetensors", lambda names, layer: "/".join(names))
+    return LoadedDrafter(cfg, params, meta, file_sha256(path / "params.safetensors"))

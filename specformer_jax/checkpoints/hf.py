@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from specformer_jax.checkpoints.convert import params_from_hf
 from specformer_jax.checkpoints.safetensors_io import read_safetensors
 from specformer_jax.config import TargetConfig, target_config_from_hf
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise SpecformerError(f"{path} is not valid JSON: {e}") from None
+    doc = read_json(path, "checkpoint file")
     if not isinstance(doc, dict):
         raise SpecformerError(f"{path} must be a JSON object")
     return doc
@@ -60,14 +57,24 @@ def load_hf(directory: Path, dtype: str | None = None):
     tensors = load_hf_tensors(directory)
     params = params_from_hf(tensors.__getitem__, cfg, source=directory)
     eos = _eos_ids(directory)
-    tokenizer = None
-    if any((directory / f).is_file() for f in TOKENIZER_FILES):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        if not eos and tokenizer.eos_token_id is not None:
-            eos = (tokenizer.eos_token_id,)
+    tokenizer = _tokenizer(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None
+    if tokenizer is not None and not eos and tokenizer.eos_token_id is not None:
+        eos = (tokenizer.eos_token_id,)
     return cfg, params, eos, tokenizer
+
+
+def _tokenizer(directory: Path):
+    """The checkpoint's tokenizer; damaged tokenizer files are one-line errors naming the file."""
+    from transformers import AutoTokenizer
+
+    for name in TOKENIZER_FILES[:2]:  # the JSON ones
+        if (directory / name).is_file():
+            _read_json(directory / name)
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for files it cannot use
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise SpecformerError(f"cannot build a tokenizer from {directory}: {first}") from None
 
 
 def _eos_ids(directory: Path) -> tuple[int, ...]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels import resolve as resolve_attention
+from specformer_jax.checkpoints.convert import hf_name
 from specformer_jax.checkpoints.default import default_model_path
 from specformer_jax.checkpoints.gguf_io import load_gguf
 from specformer_jax.checkpoints.hf import load_hf
@@ -39,9 +41,10 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     dtype: "float32" or "bfloat16"; default: the checkpoint's dtype for HF directories, float32 for GGUF.
     attention_impl: see `pallas_kernels.ragged_attention` (auto: Pallas kernels on GPU/TPU, the reference on CPU).
     """
+    path = checked_path("model", path)
     if str(path) == "default":
         path = default_model_path()
-    path = Path(path).expanduser()
+    path = path.expanduser()
     if not path.exists():
         raise SpecformerError(f"model path {path} does not exist")
     if path.is_dir():
@@ -56,7 +59,30 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
         resolve_attention(attention_impl, cfg.head_dim)
     except ValueError as e:
         raise SpecformerError(str(e)) from None
-    return LoadedTarget(cfg, jax.tree.map(jnp.asarray, params), tok, eos, str(path))
+    params = jax.tree.map(jnp.asarray, params)
+    refuse_non_finite(params, path, hf_name)
+    return LoadedTarget(cfg, params, tok, eos, str(path))
+
+
+def checked_path(what: str, path) -> Path:
+    """`path` as a Path when it is text or a path-like object, else a one-line error naming `what` it is."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise SpecformerError(f"{what} must be a path or 'default', got {path!r}")
+    return Path(path)
+
+
+def refuse_non_finite(params, source, name: Callable[[tuple[str, ...], int | None], str]) -> None:
+    """Refuse parameters holding NaN or infinite values, naming the tensor (`name`: its name from the tree path and,
+    for stacked layers, the layer): they decode to silent garbage. One compiled reduction over every tensor, cheap
+    next to reading the file; stacked layers (under "layers") are reduced per layer."""
+    paths = [tuple(str(getattr(k, "key", k)) for k in p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+    stacked = [p[0] == "layers" for p in paths]
+    finite = jax.jit(lambda xs: [jnp.isfinite(x).reshape(x.shape[0], -1).all(1) if s else jnp.isfinite(x).all()
+                                 for x, s in zip(xs, stacked)])(jax.tree.leaves(params))
+    for path, s, ok in zip(paths, stacked, jax.device_get(finite)):
+        bad = [i for i, good in enumerate(ok.reshape(-1)) if not good]
+        if bad:
+            raise SpecformerError(f"{source}: tensor {name(path, bad[0] if s else None)} holds NaN or infinite values")
 
 
 def _check_shapes(cfg: TargetConfig, params, path) -> None:

@@ -1,10 +1,7 @@
-"""Self-distillation data: the target model's own greedy answers to training prompts, written as resumable shards.
+"""Writing self-distillation data: the target model's own greedy answers to training prompts, as resumable shards
+(the layout, and everything that reads it, is in dataset.py).
 
-Layout of `out_dir`:
-  manifest.json       the settings the data was made with, and which shards are done (`complete` once all are)
-  shard-00000.jsonl   one record per prompt: {"index": i, "input_ids": prompt_ids + answer_ids, "prompt_len": n}
-
-Data made with `purpose="eval"` may hold evaluation prompts (benchmarks/prompts.jsonl) and serves only to measure a
+Data made with `purpose="eval"` may hold evaluation prompts (the benchmark prompts) and serves only to measure a
 drafter (`eval_data` of a training run, `specformer eval-drafter`): training refuses it.
 
 Each shard and the manifest are replaced atomically, so an interrupted run leaves only whole shards behind and
@@ -28,23 +25,14 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
-from specformer_jax.training.prompts import EVALUATION_PROMPTS, evaluation_prompts, is_evaluation_prompt
+from specformer_jax.training.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
+from specformer_jax.assets import EVAL_PROMPTS
+from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt
 
-MANIFEST = "manifest.json"
-FORMAT = "specformer-distill-v1"
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
 # throughput only, so a resumed run may use another one.
 SETTINGS = ("format", "model", "dtype", "vocab_size", "max_new_tokens", "chat", "shard_size", "num_prompts",
             "prompts_sha256", "purpose")
-PURPOSES = ("train", "eval")
-
-
-def manifest_setting(manifest: dict, key: str):
-    return manifest.get(key, "train" if key == "purpose" else None)  # manifests before "purpose" hold training data
-
-
-def shard_name(k: int) -> str:
-    return f"shard-{k:05d}.jsonl"
 
 
 def prompts_sha256(prompt_ids: Sequence[Sequence[int]]) -> str:
@@ -58,7 +46,7 @@ def check_not_evaluation(prompts: Sequence[Prompt]) -> None:
     for i, p in enumerate(prompts):
         if isinstance(p, str) and is_evaluation_prompt(p, evaluation):
             raise SpecformerError(
-                f"prompt {i} ({p[:60]!r}) is an evaluation prompt from {EVALUATION_PROMPTS.name}; "
+                f"prompt {i} ({p[:60]!r}) is an evaluation prompt from {EVAL_PROMPTS.name}; "
                 "evaluation prompts must not be used as training data"
             )
 
@@ -71,20 +59,6 @@ def check_fits(model: LoadedTarget, prompt_ids: Sequence[Sequence[int]], max_new
                 f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
                 f"{len(p) + max_new_tokens} positions but the model's context is {model.cfg.max_position}"
             )
-
-
-def read_manifest(out_dir: Path) -> dict | None:
-    """The manifest of `out_dir`, or None if it has none."""
-    path = out_dir / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecformerError(f"{path} is not valid JSON ({e.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise SpecformerError(f"{path} is not a {FORMAT} manifest")
-    return manifest
 
 
 def open_out_dir(out_dir: Path, settings: dict) -> None:
@@ -204,67 +178,3 @@ def distill(
         "tokens_per_second": generated / run_s if run_s else 0.0,  # decode time only; compilation left out
         "seconds": time.perf_counter() - t0,
     }
-
-
-def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_training: bool = False) -> list[dict]:
-    """All records of a distillation run, in prompt order.
-
-    Raises SpecformerError if the run is unfinished, unless allow_partial=True: then the records of the shards
-    done so far are returned (check `len(...)` against the manifest's num_prompts to tell). for_training: refuse
-    data made for evaluation (`purpose="eval"`).
-    """
-    out_dir = Path(out_dir)
-    if not out_dir.exists():
-        raise SpecformerError(f"data directory {out_dir} does not exist")
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        raise SpecformerError(f"{out_dir} has no {MANIFEST}; it is not the output of `specformer distill`")
-    if for_training and manifest_setting(manifest, "purpose") != "train":
-        raise SpecformerError(f"{out_dir} was distilled with --for-eval: it may hold evaluation prompts and serves "
-                              "only to measure drafters (eval_data); train on data distilled without --for-eval")
-    if not manifest["complete"] and not allow_partial:
-        raise SpecformerError(
-            f"{out_dir} is unfinished ({len(manifest['shards_done'])} of {manifest['num_shards']} shards); "
-            "rerun `specformer distill` with the same arguments to finish it"
-        )
-    records = []
-    for k in manifest["shards_done"]:
-        path = out_dir / shard_name(k)
-        if not path.is_file():
-            raise SpecformerError(f"{path} is listed in {MANIFEST} but missing")
-        records += [_record(path, n, line) for n, line in enumerate(path.read_text().splitlines(), 1)]
-    return records
-
-
-def _record(path: Path, n: int, line: str) -> dict:
-    """One shard line, checked for the fields readers use."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SpecformerError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    if not (isinstance(rec, dict) and isinstance(rec.get("index"), int) and isinstance(rec.get("input_ids"), list)
-            and isinstance(rec.get("prompt_len"), int)):
-        raise SpecformerError(f"{path}:{n}: not a distilled record (index, input_ids, prompt_len)")
-    return rec
-
-
-def check_vocabulary(out_dirs: list[Path], vocab_size: int) -> None:
-    """Refuse data distilled from a target with another vocabulary (its manifest says; check_token_ids checks the
-    records themselves)."""
-    for d in out_dirs:
-        theirs = read_manifest(Path(d)).get("vocab_size")  # a hand-made manifest may lack it
-        if theirs not in (None, vocab_size):
-            raise SpecformerError(f"{d} was distilled from a target with a vocabulary of {theirs} tokens; this target "
-                                  f"has {vocab_size}: distill data with this model")
-
-
-def check_token_ids(records: list[dict], vocab_size: int, where: str = "records") -> None:
-    """Refuse records holding token ids outside the vocabulary (they would train or score as NaN)."""
-    try:
-        low = min((min(r["input_ids"], default=0) for r in records), default=0)
-        high = max((max(r["input_ids"], default=0) for r in records), default=0)
-    except TypeError:
-        raise SpecformerError(f"{where}: input_ids must be lists of integers") from None
-    if low < 0 or high >= vocab_size:
-        bad = high if high >= vocab_size else low
-        raise SpecformerError(f"{where}: token id {bad} is outside the vocabulary (0..{vocab_size - 1})")

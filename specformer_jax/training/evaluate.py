@@ -18,8 +18,8 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_f
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT, integer
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training.data import eval_batches
-from specformer_jax.training.distill import check_token_ids
+from specformer_jax.training.batches import eval_batches
+from specformer_jax.training.dataset import check_scorable, check_token_ids
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 
 
@@ -33,6 +33,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
     seq_len, batch_size = integer(2).check("seq_len", seq_len), POSITIVE_INT.check("batch_size", batch_size)
     check_drafter_fits(drafter, target.cfg)
     check_token_ids(records, target.cfg.vocab_size)
+    check_scorable(records, seq_len, drafter.cfg.num_slots)
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
     step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
                                                         drafter_cfg=drafter.cfg, replay=True)[1])
@@ -40,9 +41,6 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
     for b in tqdm(batches, desc="eval", disable=not progress):
         sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
         total = sums if total is None else jax.tree.map(lambda a, c: a + c, total, sums)
-    if not int(total["positions"]):
-        raise SpecformerError(f"no answer position has {drafter.cfg.num_slots} answer tokens after it within seq_len "
-                              f"{seq_len}: nothing to score (raise seq_len)")
     m = metrics_from_sums(total)
     return {
         "num_sequences": len(records),

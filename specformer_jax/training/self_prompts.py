@@ -21,7 +21,7 @@ from tqdm import tqdm
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
-from specformer_jax.files import write_atomic
+from specformer_jax.files import read_text, write_atomic
 from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt, normalise_prompt
 
 SENTINEL = "\x00specformer-user-turn\x00"
@@ -52,7 +52,7 @@ def read_rounds(path: Path) -> tuple[list[dict], int]:
     if not path.is_file():
         return [], 0
     records = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(path, "output file").splitlines(), 1):
         try:
             rec = json.loads(line)
             records.append({"prompt": str(rec["prompt"]), "round": int(rec["round"])})

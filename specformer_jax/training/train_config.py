@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import types
 import typing
 from pathlib import Path
 
 import yaml
 
 from pallas_kernels import IMPLS
+from specformer_jax.checks import (FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, SEED, is_int,
+                                   is_number, number)
 from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import read_text
 from specformer_jax.training.loss import OBJECTIVES
 
 
@@ -61,23 +64,10 @@ class TrainConfig:
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
-        for field in dataclasses.fields(self):  # types first (from YAML, --set or Python), then ranges
+        for field in dataclasses.fields(self):  # the types of text, flags and lists, then every number's range
             object.__setattr__(self, field.name, _coerce(field.name, getattr(self, field.name), hints[field.name]))
-        for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise SpecformerError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_positions < 1 or self.eval_batches < 0:
-            raise SpecformerError(f"chunk_positions must be >= 1 and eval_batches >= 0 (0: no eval), got "
-                                  f"{self.chunk_positions} and {self.eval_batches}")
-        if not 0 <= self.eval_fraction < 1:
-            raise SpecformerError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        bounds = {"lr": (self.lr > 0, "> 0"), "adam_eps": (self.adam_eps > 0, "> 0"),
-                  "grad_clip": (self.grad_clip > 0, "> 0"), "weight_decay": (self.weight_decay >= 0, ">= 0"),
-                  "min_lr": (0 <= self.min_lr <= self.lr, f"in [0, lr] = [0, {self.lr}]"),
-                  "warmup_frac": (0 <= self.warmup_frac <= 1, "in [0, 1]")}
-        for name, (ok, want) in bounds.items():  # NaN fails every comparison
-            if not (ok and math.isfinite(getattr(self, name))):
-                raise SpecformerError(f"{name} must be a finite number {want}, got {getattr(self, name)}")
+        for name, kind in {**_NUMBERS, "min_lr": number(0, self.lr if is_number(self.lr) else None)}.items():
+            object.__setattr__(self, name, kind.check(name, getattr(self, name)))
         self.drafter()  # validates num_slots / slot_attention / intermediate_size
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
@@ -85,26 +75,37 @@ class TrainConfig:
             raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 
 
+# The numeric settings and the values each takes (min_lr: in [0, lr], checked with lr).
+_NUMBERS = {
+    **{name: POSITIVE_INT for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every",
+                                       "keep_checkpoints", "chunk_positions", "num_slots")},
+    "eval_batches": NON_NEGATIVE_INT,  # 0: no periodic eval
+    "seed": SEED,
+    "eval_fraction": number(0, 1, below=True),
+    "lr": POSITIVE, "adam_eps": POSITIVE, "grad_clip": POSITIVE, "weight_decay": NON_NEGATIVE, "warmup_frac": FRACTION,
+}
+
+
 def _coerce(name: str, value, hint):
-    base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType) else hint
-    if value is None:
-        return None
+    """`value` of a setting whose type is `hint`, as YAML, `--set` or Python give it: paths as text, lists of
+    integers as tuples, numbers written as text (YAML 1.1 reads 3e-4 as a string) as floats; numbers are left to
+    _NUMBERS' checks."""
+    base = typing.get_args(hint)[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+    if value is None or base is int or base is float and not isinstance(value, str):
+        return value
     if base is str and isinstance(value, os.PathLike):
         return os.fspath(value)
     if base is tuple or typing.get_origin(base) is tuple:
-        ints = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        if not ints:
+        if not (isinstance(value, (list, tuple)) and all(map(is_int, value))):
             raise SpecformerError(f"{name} must be a list of integers, got {value!r}")
         return tuple(value)
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if base is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+    if base is float:
         try:
             return float(value)
         except ValueError:
-            pass
-    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
-        raise SpecformerError(f"{name} must be {base.__name__}, got {value!r}")
+            return value  # refused by _NUMBERS with the setting's range
+    if not isinstance(value, base):
+        raise SpecformerError(f"{name} must be {'true or false' if base is bool else 'text'}, got {value!r}")
     return value
 
 
@@ -116,7 +117,7 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
         if not path.is_file():
             raise SpecformerError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(read_text(path, "config file")) or {}
         except yaml.YAMLError as e:
             raise SpecformerError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(raw, dict):

@@ -1,5 +1,8 @@
-"""Drafter training loop: jitted mesh-sharded step, optax AdamW + warm-up/cosine, orbax checkpoints that also hold the
-data iterator position (so a resumed run sees exactly the batches an uninterrupted run would), metrics JSONL."""
+"""`train`: a drafter training run in four stages. prepare (data, checks, target, mesh, jitted steps), restore (fresh
+or from the latest checkpoint), loop (steps, logging, periodic eval, checkpoints, Ctrl-C), export (the drafter).
+
+The step is jitted with explicit shardings over the mesh; optax AdamW with warm-up and cosine decay; orbax checkpoints
+also hold the data iterator's position, so a resumed run sees exactly the batches an uninterrupted run would."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +27,9 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.parallel import (barrier, batch_sharded, like_params, make_mesh, param_shardings, put_global,
                                      put_process_batch, replicated, to_host)
-from specformer_jax.training.data import eval_batches, is_eval_record, training_batches
-from specformer_jax.training.distill import check_token_ids, check_vocabulary
+from specformer_jax.training.batches import eval_batches, training_batches
+from specformer_jax.training.dataset import (check_scorable, check_token_ids, check_vocabulary, data_dirs,
+                                             load_records, split)
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -93,22 +98,6 @@ def _answer_tokens(host_batch: dict, placed: dict) -> int:
     return int(jnp.sum(placed["label_mask"]))
 
 
-def _jsonable(metrics: dict) -> dict:
-    return {k: (np.asarray(v).tolist()) for k, v in metrics.items()}
-
-
-def load_records(dirs: str, setting: str = "data", for_training: bool = True) -> list[dict]:
-    """The records of one directory written by `specformer distill`, or of several given as "dir1,dir2" (in order;
-    each keeps its own prompt indices, so its held-out split is the one eval-drafter uses on it alone)."""
-    from specformer_jax.training.distill import read_distilled
-
-    paths = data_dirs(dirs)
-    if not paths:
-        raise SpecformerError(f"no data: set `{setting}` to a directory written by `specformer distill` "
-                              "(several: dir1,dir2)")
-    return [r for d in paths for r in read_distilled(d, for_training=for_training)]
-
-
 def _logged_eval_steps(metrics: Path) -> set[int]:
     """Steps whose eval metrics.jsonl already holds (a line cut by a crash is skipped)."""
     steps = set()
@@ -120,11 +109,6 @@ def _logged_eval_steps(metrics: Path) -> set[int]:
         if record.get("split") == "eval":
             steps.add(record["step"])
     return steps
-
-
-def data_dirs(dirs: str | None) -> list[Path]:
-    """The directories of a `data` / `eval_data` setting ("dir1,dir2")."""
-    return [Path(d.strip()) for d in (dirs or "").split(",") if d.strip()]
 
 
 def _check_resumable(out: Path, cfg: TrainConfig) -> None:
@@ -161,22 +145,71 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
                           f"{cfg.drafter()}")
 
 
+@dataclasses.dataclass
+class _Run:
+    """A prepared run: everything the stages after `_prepare` share."""
+
+    cfg: TrainConfig
+    out: Path
+    target: LoadedTarget  # parameters placed on the mesh
+    mesh: object
+    tx: optax.GradientTransformation
+    state_shardings: TrainState
+    train_step: Callable
+    eval_step: Callable
+    data: object  # the grain iterator over this process's share of the training batches
+    evals: list[dict]  # fixed evaluation batches (none: no periodic eval)
+    manager: ocp.CheckpointManager
+    is_main: bool  # process 0: writes metrics, plots and the drafter
+
+    def save(self, step: int, state: TrainState, data_state) -> None:
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(data_state)))
+        self.manager.wait_until_finished()
+
+    def log(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def evaluate(self, state: TrainState, step: int, unless_logged: bool = False) -> dict:
+        """The periodic eval at `step`: logged, shown and plotted (unless_logged: not again when already logged)."""
+        if not self.evals:
+            return {}
+        batches = [put_global(b, batch_sharded(self.mesh)) for b in self.evals]
+        m = _summaries([self.eval_step(state.params, self.target.params, b) for b in batches])
+        if unless_logged and self.is_main and step in _logged_eval_steps(self.out / "metrics.jsonl"):
+            return m
+        self.log({"split": "eval", "step": step, **m})
+        if self.is_main:
+            acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
+            tqdm.write(f"eval step {step}: loss {m['loss']:.4f}, accuracy per slot [{acc}], "
+                       f"expected accepted length {m['expected_accepted_length']:.3f} (in decoding "
+                       f"{m['decoding_accepted_length']:.3f})")
+            plot_training(self.out / "metrics.jsonl", self.out / "training_curve.png")  # the curve so far, mid-run
+        return m
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
-    """Run (or resume) a training run; returns the final eval metrics. Everything goes under cfg.out."""
-    if not isinstance(cfg, TrainConfig):
-        raise SpecformerError(f"cfg must be a TrainConfig (load_train_config(path, overrides)), got {type(cfg).__name__}")
-    out = Path(cfg.out).absolute()
+    """Run (or resume) a training run; everything goes under cfg.out, the drafter to cfg.out/drafter. Returns
+    {"step": the last step, "eval": the last eval's metrics, "state": the final TrainState}."""
+    run = _prepare(cfg, resume)
+    state = _restore(run, resume, progress)
+    state, last_eval = _loop(run, state, resume, progress)
+    return _export(run, state, last_eval)
+
+
+def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict], list[dict]]:
+    """(training records, evaluation records), checked against the settings before anything heavy happens."""
+    ckpt_dir = out / "checkpoints"
     if out.exists() and not out.is_dir():
         raise SpecformerError(f"out {cfg.out} exists and is not a directory")
-    ckpt_dir = out / "checkpoints"
     if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) and not resume:
         raise SpecformerError(f"{out} already has checkpoints: pass --resume to continue, or choose another out")
     if resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
         raise SpecformerError(f"--resume: no checkpoint under {ckpt_dir}")
-    records = load_records(cfg.data)
-    train_recs = [r for r in records if not is_eval_record(r["index"], cfg.eval_fraction)]
-    eval_recs = ([r for r in records if is_eval_record(r["index"], cfg.eval_fraction)] if cfg.eval_data is None
-                 else load_records(cfg.eval_data, "eval_data", for_training=False))
+    train_recs, held_out = split(load_records(cfg.data), cfg.eval_fraction)
+    eval_recs = held_out if cfg.eval_data is None else load_records(cfg.eval_data, "eval_data", for_training=False)
     if train_recs and all(r["prompt_len"] >= cfg.seq_len for r in train_recs):
         raise SpecformerError(f"seq_len {cfg.seq_len} leaves no answer token to learn from: every training prompt is "
                               "at least that long")
@@ -184,123 +217,128 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
         raise SpecformerError(f"only {len(train_recs)} training sequences for batch_size {cfg.batch_size}")
     if cfg.batch_size % jax.process_count():
         raise SpecformerError(f"batch_size {cfg.batch_size} must be a multiple of the {jax.process_count()} processes")
+    scored = eval_recs[: cfg.batch_size * cfg.eval_batches]  # what the periodic eval scores (eval_batches)
+    if scored:
+        check_scorable(scored, cfg.seq_len, cfg.num_slots, f"the periodic eval's data ({cfg.eval_data or 'held out'})")
     if resume:
         _check_resumable(out, cfg)
+    return train_recs, eval_recs
+
+
+def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
+    """Data, checks, the target on the mesh, the jitted steps and the checkpoint manager."""
+    if not isinstance(cfg, TrainConfig):
+        raise SpecformerError(f"cfg must be a TrainConfig (load_train_config(path, overrides)), got {type(cfg).__name__}")
+    out = Path(cfg.out).absolute()
+    train_recs, eval_recs = _prepared_data(cfg, out, resume)
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)
     check_vocabulary(data_dirs(cfg.data) + data_dirs(cfg.eval_data), target.cfg.vocab_size)
-    check_token_ids(records, target.cfg.vocab_size, cfg.data)
+    held_out = eval_recs if cfg.eval_data is None else []  # the rest of cfg.data's records
+    check_token_ids(train_recs + held_out, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
-    mesh = make_mesh(cfg.mesh)
-    tx = make_optimizer(cfg)
+    mesh, tx = make_mesh(cfg.mesh), make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh)
-    data_iter = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
-                                      seed=cfg.seed, process_index=jax.process_index(),
-                                      process_count=jax.process_count()))
+    data = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
+                                 seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count()))
     evals = eval_batches(eval_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, num_batches=cfg.eval_batches)
-    params = initial_params(cfg, target)
     state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
-    state = put_global(TrainState(jnp.int32(0), params, tx.init(params)), state_sh)
     target = dataclasses.replace(target, params=put_global(target.params, target_sh))
     barrier("specformer-train-checked-out-dir")  # every process has checked `out` before any writes to it
     # Every process takes part in checkpoint saves and restores (each writes its own shards; orbax coordinates).
-    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints,
-                                                                                   create=True))
+    manager = ocp.CheckpointManager(out / "checkpoints", options=ocp.CheckpointManagerOptions(
+        max_to_keep=cfg.keep_checkpoints, create=True))
+    return _Run(cfg, out, target, mesh, tx, state_sh, train_step, eval_step, data, evals, manager,
+                jax.process_index() == 0)
+
+
+def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
+    """The initial state (init_from or random), or the latest checkpoint's with the data iterator moved to match."""
+    cfg = run.cfg
+    params = initial_params(cfg, run.target)
+    state = put_global(TrainState(jnp.int32(0), params, run.tx.init(params)), run.state_shardings)
     if resume:
-        step = manager.latest_step()
+        step = run.manager.latest_step()
         try:
-            restored = manager.restore(step, args=ocp.args.Composite(
+            restored = run.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
                 data=ocp.args.JsonRestore()))
         except Exception as e:  # orbax raises many kinds (KeyError, ValueError, decode errors) for a damaged checkpoint
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise SpecformerError(f"--resume: could not restore checkpoint {ckpt_dir / str(step)} "
+            raise SpecformerError(f"--resume: could not restore checkpoint {run.manager.directory / str(step)} "
                                   f"({type(e).__name__}: {first}); delete it to resume from an earlier one") from None
         state = restored["state"]
         # Process 0 wrote its iterator position; every process's iterator has taken as many batches, so the
         # position is the same on all of them.
-        data_iter.set_state(restored["data"])
-    is_main = jax.process_index() == 0
-    if resume and is_main and progress:
-        print(f"specformer: resuming {out} from its checkpoint at step {step} of {cfg.steps}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "metrics.jsonl", "a") if is_main else None
-    if is_main:
-        (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+        run.data.set_state(restored["data"])
+        if run.is_main and progress:
+            print(f"specformer: resuming {run.out} from its checkpoint at step {step} of {cfg.steps}", file=sys.stderr)
+    run.out.mkdir(parents=True, exist_ok=True)
+    if run.is_main:
+        (run.out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+    return state
 
-    def save(step: int, state, data_state):
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                   data=ocp.args.JsonSave(data_state)))
-        manager.wait_until_finished()
 
-    def write(record: dict):
-        if is_main:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-
-    def run_eval(step: int, unless_logged: bool = False) -> dict:
-        if not evals:
-            return {}
-        m = _summaries([eval_step(state.params, target.params, put_global(b, batch_sharded(mesh))) for b in evals])
-        if unless_logged and is_main and step in _logged_eval_steps(out / "metrics.jsonl"):
-            return m
-        write({"split": "eval", "step": step, **m})
-        if is_main:
-            acc = " ".join(f"{a:.3f}" for a in m["accuracy_per_slot"])
-            tqdm.write(f"eval step {step}: loss {m['loss']:.4f}, accuracy per slot [{acc}], "
-                       f"expected accepted length {m['expected_accepted_length']:.3f} (in decoding "
-                       f"{m['decoding_accepted_length']:.3f})")
-            plot_training(out / "metrics.jsonl", out / "training_curve.png")  # the curve so far, to look at mid-run
-        return m
-
-    step = int(state.step)
-    data_state = data_iter.get_state()  # data position matching `state`: saved together, always
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", file=sys.stderr, disable=not (progress and is_main))
+def _loop(run: _Run, state: TrainState, resume: bool, progress: bool) -> tuple[TrainState, dict]:
+    """Train to cfg.steps: log every log_every steps, eval every eval_every, save every save_every; Ctrl-C saves the
+    step it stopped at. Returns the final state and the last eval's metrics."""
+    cfg, step = run.cfg, int(state.step)
+    data_state = run.data.get_state()  # data position matching `state`: saved together, always
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", file=sys.stderr, disable=not (progress and run.is_main))
     last_eval: dict = {}
     if resume and step % cfg.eval_every == 0:  # Ctrl-C during this step's eval saved the step but not the eval
-        last_eval = run_eval(step, unless_logged=True)
+        last_eval = run.evaluate(state, step, unless_logged=True)
     try:
         t0, tokens, since = time.perf_counter(), 0, step
         while step < cfg.steps:
-            batch = next(data_iter)
-            placed = put_process_batch(batch, mesh)  # this process's rows of the global batch
-            state, metrics = train_step(state, target.params, placed)
-            step, data_state = step + 1, data_iter.get_state()
+            batch = next(run.data)
+            placed = put_process_batch(batch, run.mesh)  # this process's rows of the global batch
+            state, metrics = run.train_step(state, run.target.params, placed)
+            step, data_state = step + 1, run.data.get_state()
             tokens += _answer_tokens(batch, placed)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                metrics = _jsonable(metrics)
-                if not np.isfinite(metrics["loss"]):  # nothing after this is worth saving or exporting
-                    raise SpecformerError(f"the loss is {metrics['loss']} at step {step}: training diverged (lr too "
-                                          f"high?); checkpoints up to step {manager.latest_step()} are kept")
-                dt = time.perf_counter() - t0
-                write({"split": "train", "step": step, "answer_tokens_per_second": tokens / dt,
-                       "seconds_per_step": dt / (step - since), **metrics})
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['accuracy_per_slot'][0]:.2f}")
-                if jax.process_count() > 1:  # every process reports the (global) loss it computed
-                    tqdm.write(f"specformer: process {jax.process_index()}/{jax.process_count()}: step {step} "
-                               f"loss {metrics['loss']:.6f}", file=sys.stderr)
+                _log_train(run, step, {k: np.asarray(v).tolist() for k, v in metrics.items()}, tokens,
+                           time.perf_counter() - t0, step - since, bar)
                 t0, tokens, since = time.perf_counter(), 0, step
             if step % cfg.eval_every == 0:
-                last_eval = run_eval(step)
+                last_eval = run.evaluate(state, step)
             if step % cfg.save_every == 0:
-                save(step, state, data_state)
+                run.save(step, state, data_state)
             bar.update(1)
     except KeyboardInterrupt:
         alive = not any(x.is_deleted() for x in jax.tree.leaves(state))  # donated if stopped inside a step
-        if alive and manager.latest_step() != step:
-            save(step, state, data_state)
-        where = step if alive else manager.latest_step()
+        if alive and run.manager.latest_step() != step:
+            run.save(step, state, data_state)
+        where = step if alive else run.manager.latest_step()
         raise SpecformerError(f"interrupted; checkpoint at step {where} kept, continue with --resume") from None
     finally:
         bar.close()
-    if manager.latest_step() != step:
-        save(step, state, data_state)
+    if run.manager.latest_step() != step:
+        run.save(step, state, data_state)
+    return state, last_eval
+
+
+def _log_train(run: _Run, step: int, metrics: dict, tokens: int, seconds: float, steps: int, bar) -> None:
+    """One logged training step: metrics.jsonl, the progress bar, and (several processes) every process's loss."""
+    if not np.isfinite(metrics["loss"]):  # nothing after this is worth saving or exporting
+        raise SpecformerError(f"the loss is {metrics['loss']} at step {step}: training diverged (lr too high?); "
+                              f"checkpoints up to step {run.manager.latest_step()} are kept")
+    run.log({"split": "train", "step": step, "answer_tokens_per_second": tokens / seconds,
+             "seconds_per_step": seconds / steps, **metrics})
+    bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['accuracy_per_slot'][0]:.2f}")
+    if jax.process_count() > 1:  # every process reports the (global) loss it computed
+        tqdm.write(f"specformer: process {jax.process_index()}/{jax.process_count()}: step {step} "
+                   f"loss {metrics['loss']:.6f}", file=sys.stderr)
+
+
+def _export(run: _Run, state: TrainState, last_eval: dict) -> dict:
+    """The last eval (when the steps did not end on one), the final plot and the drafter directory."""
+    cfg, step = run.cfg, int(state.step)
     if cfg.steps % cfg.eval_every:
-        last_eval = run_eval(step)
+        last_eval = run.evaluate(state, step)
     params = to_host(state.params)  # a collective with several processes: all take part, process 0 writes
-    if is_main:
-        log.close()
-        plot_training(out / "metrics.jsonl", out / "training_curve.png")
-        save_drafter(out / "drafter", cfg.drafter(), params, target.cfg,
-                     meta={"target_source": target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
+    if run.is_main:
+        plot_training(run.out / "metrics.jsonl", run.out / "training_curve.png")
+        save_drafter(run.out / "drafter", cfg.drafter(), params, run.target.cfg, meta={
+            "target_source": run.target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
     return {"step": step, "eval": last_eval, "state": state}

@@ -1,17 +1,10 @@
-"""grain input pipeline over distilled records: padded sequences with answer-only label masks, sharded per host."""
+"""Batches of distilled records: a grain input pipeline of padded sequences with answer-only label masks, sharded
+per host, and the fixed evaluation batches."""
 
 from __future__ import annotations
 
-import hashlib
-
 import grain
 import numpy as np
-
-
-def is_eval_record(index: int, fraction: float) -> bool:
-    """Deterministic held-out split by prompt index (stable when the data grows)."""
-    h = int(hashlib.sha256(str(index).encode()).hexdigest()[:8], 16)
-    return h / 0xFFFFFFFF < fraction
 
 
 def make_example(record: dict, seq_len: int) -> dict:

@@ -1,0 +1,8 @@
+"""Data files shipped with the package (the package reads nothing from a repository checkout)."""
+
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent
+DEFAULT_DRAFTER = ASSETS / "drafter-smollm2-135m-instruct"  # the drafter trained for the default model
+BUILTIN_PROMPTS = ASSETS / "builtin-prompts.json"  # word lists and templates of the built-in training prompts
+EVAL_PROMPTS = ASSETS / "eval-prompts.jsonl"  # the benchmark prompts drafters are measured on; never training data

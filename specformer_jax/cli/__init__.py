@@ -1,0 +1,50 @@
+"""The `specformer` command: one module per command group (decode: generate; data: sample-prompts, distill; train:
+train, eval-drafter; bench: bench, bench-kernels, report), the argument types they share in args.py. Bad input is
+one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+from specformer_jax.cli import bench, data, decode, train
+from specformer_jax.cli.args import Parser
+from specformer_jax.errors import SpecformerError
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="specformer", description="SpecFormer speculative decoding in JAX.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for group in (decode, data, train, bench):
+        group.add_parsers(sub)
+    return parser
+
+
+def _persistent_compile_cache() -> None:
+    """Keep XLA's compiled programs across runs, under SPECFORMER_CACHE/xla, so a second `generate` or `bench` skips
+    most of the compilation. A cache directory set through JAX (JAX_COMPILATION_CACHE_DIR) is kept;
+    JAX_ENABLE_COMPILATION_CACHE=false turns caching off."""
+    import jax
+
+    from specformer_jax.checkpoints.default import cache_dir
+
+    if jax.config.jax_enable_compilation_cache and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in result files
+    try:
+        _persistent_compile_cache()
+        return args.func(args)
+    except SpecformerError as e:
+        print(f"specformer: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the OS refused (permissions, a file where a directory goes, a full disk)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"specformer: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specformer: interrupted", file=sys.stderr)
+        return 130

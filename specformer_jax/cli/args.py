@@ -1,0 +1,103 @@
+"""What the commands share: the parser that reports a bad option in one line, argparse types built on checks.py
+(so an option and the matching Python argument are checked alike), output paths probed before any work, and the
+options several commands take."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pallas_kernels import IMPLS
+from specformer_jax.checks import NON_NEGATIVE_INT, POSITIVE_INT, Kind
+from specformer_jax.errors import SpecformerError
+from specformer_jax.files import probe_writable
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + traceback
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def kind(k: Kind):
+    """An argparse type reading its text as `k` ("expected a positive integer, got '0'")."""
+
+    def parse(text: str):
+        try:
+            return k.parse(text)
+        except SpecformerError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def out_file(text: str) -> Path:
+    """An output file's path, refused before any work when it could not be written."""
+    return _probed(text, directory=False)
+
+
+def out_dir(text: str) -> Path:
+    """An output directory's path, refused before any work when it could not be made or written."""
+    return _probed(text, directory=True)
+
+
+def _probed(text: str, directory: bool) -> Path:
+    try:
+        return probe_writable(Path(text), directory)
+    except SpecformerError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def draft_len(text: str) -> int | str:
+    """A number of drafts per round, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return NON_NEGATIVE_INT.parse(text)
+    except SpecformerError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {text!r}") from None
+
+
+def int_list(name: str):
+    """Comma-separated positive integers, e.g. 1,8,64."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [POSITIVE_INT.parse(x) for x in text.split(",")]
+        except SpecformerError:
+            raise argparse.ArgumentTypeError(f"{name} expects positive integers like 1,8,64, got {text!r}") from None
+        return values
+
+    return parse
+
+
+def add_model(p) -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+
+
+def add_device_options(p) -> None:
+    """--attention-impl and --mesh: how decoding runs on the devices."""
+    p.add_argument("--attention-impl", choices=IMPLS, default="auto",
+                   help="attention kernels: auto = Pallas on GPU/TPU, the jnp reference on CPU")
+    p.add_argument("--mesh", default=None,
+                   help="shard decoding over devices, e.g. data=4,tensor=2 (rows over data, the model over tensor)")
+
+
+def mesh(args):
+    """The mesh of --mesh, or None."""
+    from specformer_jax.parallel import make_mesh
+
+    return make_mesh(args.mesh) if args.mesh else None
+
+
+def records():
+    """The decoding records the CLI reads and writes (SPECFORMER_CACHE/decode_records.json)."""
+    from specformer_jax.decoding.records import DecodeRecords
+
+    return DecodeRecords.default()
+
+
+def drafter_needed(drafter, draft_len, hint: str) -> None:
+    """Refuse --draft-len k > 0 or auto when there is no drafter."""
+    if drafter is None and draft_len not in (None, 0):
+        raise SpecformerError(f"--draft-len {draft_len} needs a drafter{hint}")

@@ -1,0 +1,117 @@
+"""`specformer bench`, `specformer bench-kernels` and `specformer report`: measure decoding and kernels, and lay
+result files from different devices side by side."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from pallas_kernels import IMPLS
+from specformer_jax.assets import EVAL_PROMPTS
+from specformer_jax.checks import POSITIVE_INT
+from specformer_jax.cli import args as a
+from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_atomic, write_json
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("bench", help="AR vs speculative decoding throughput per batch size",
+                       description="Plain and speculative decoding of the same prompts, in one process.")
+    a.add_model(p)
+    p.add_argument("--drafter", default="default", help="'default', a drafter directory, or 'none' (AR only)")
+    p.add_argument("--prompts", type=Path, default=EVAL_PROMPTS,
+                   help="JSONL prompts (default: the package's benchmark prompts, specformer_jax/assets/"
+                        "eval-prompts.jsonl)")
+    p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8],
+                   help="comma-separated, e.g. 1,4,16,64")
+    p.add_argument("--draft-len", type=a.draft_len, default=None,
+                   help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU, 1 on a "
+                        "CPU)")
+    p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
+    p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
+                   help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
+    a.add_device_options(p)
+    p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
+    p.add_argument("--plot", type=a.out_file, help="also draw tokens/s per batch size to this PNG")
+    p.set_defaults(func=run_bench)
+    _add_bench_kernels(sub)
+    p = sub.add_parser("report", help="bench result files side by side with roofline estimates",
+                       description="Lay `specformer bench` result files (any devices) side by side, each held against "
+                                   "a roofline estimate of plain and speculative decoding.")
+    p.add_argument("results", nargs="+", type=Path, help="result JSON files from `specformer bench`")
+    p.add_argument("--out", type=a.out_file, required=True, help="Markdown report")
+    p.add_argument("--plot", type=a.out_file, help="also draw measured and roofline speedup per batch size to this PNG")
+    p.set_defaults(func=run_report)
+
+
+def _add_bench_kernels(sub) -> None:
+    p = sub.add_parser("bench-kernels", help="Pallas attention kernel vs the XLA reference at verify shapes",
+                       description="Time the ragged attention kernel against the jnp/XLA reference, with achieved "
+                                   "memory bandwidth against the measured read bandwidth.")
+    p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8, 64])
+    p.add_argument("--queries", type=a.int_list("--queries"), default=[5, 9], help="new tokens per row (k + 1)")
+    p.add_argument("--cache-lens", type=a.int_list("--cache-lens"), default=[1024, 4096, 8192])
+    p.add_argument("--heads", type=a.kind(POSITIVE_INT), default=32)
+    p.add_argument("--kv-heads", type=a.kind(POSITIVE_INT), default=8)
+    p.add_argument("--head-dim", type=a.kind(POSITIVE_INT), default=128)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--impl", choices=IMPLS, default="pallas", help="the kernel side (interpret: a CPU smoke run)")
+    p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=20)
+    p.add_argument("--chain", type=a.kind(POSITIVE_INT), default=1,
+                   help="time N dependent calls in one jitted call and divide by N, so per-call dispatch drops out")
+    p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
+    p.set_defaults(func=run_bench_kernels)
+
+
+def run_bench(args) -> int:
+    from specformer_jax.bench.plot import plot_bench
+    from specformer_jax.bench.run import run_benchmark
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.encode import read_prompts_file
+
+    prompts = read_prompts_file(args.prompts)
+    model = load_target(args.model, attention_impl=args.attention_impl)
+    drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
+    a.drafter_needed(drafter, args.draft_len, "; --drafter none times plain decoding only")
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
+    # written after every batch size, so an interrupted run keeps the batch sizes it finished
+    result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
+                           max_new_tokens=args.max_new_tokens, repeats=args.repeats, mesh=a.mesh(args),
+                           records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}))
+    if args.plot:
+        plot_bench({**head, **result}, args.plot)
+    print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return 0
+
+
+def run_bench_kernels(args) -> int:
+    from pallas_kernels import resolve
+    from specformer_jax.bench.kernels import run_kernel_benchmark
+
+    if args.heads % args.kv_heads:
+        raise SpecformerError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    try:
+        resolve(args.impl, args.head_dim)
+    except ValueError as e:
+        raise SpecformerError(str(e)) from None
+    head = {"command": "specformer " + shlex.join(args.argv)}
+    # written after every shape, so an interrupted run keeps the shapes it timed
+    run_kernel_benchmark(batch_sizes=args.batch_sizes, queries=args.queries, cache_lens=args.cache_lens,
+                         num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype,
+                         impl=args.impl, repeats=args.repeats, chain=args.chain,
+                         on_progress=lambda doc: write_json(args.out, {**head, **doc}))
+    print(f"specformer: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_report(args) -> int:
+    from specformer_jax.bench.report import load_results, plot_report, render_markdown
+
+    docs = load_results(args.results)
+    write_atomic(args.out, render_markdown(docs) + "\n")
+    if args.plot:
+        plot_report(docs, args.plot)
+    print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return 0

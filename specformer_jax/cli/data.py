@@ -1,0 +1,85 @@
+"""`specformer sample-prompts` and `specformer distill`: the prompts and the self-distilled data drafters train on."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specformer_jax.checks import POSITIVE, POSITIVE_INT, PROBABILITY, SEED
+from specformer_jax.cli import args as a
+from specformer_jax.errors import SpecformerError
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser(
+        "sample-prompts",
+        help="sample training prompts from the model itself (user requests it writes)",
+        description="Prompt the model with its chat template up to a user turn and sample what the user says: "
+        "distinct finished requests, written to a JSONL file for `specformer distill --prompts`. Rerun to resume or "
+        "extend.",
+    )
+    a.add_model(p)
+    p.add_argument("--num", type=a.kind(POSITIVE_INT), required=True, metavar="N", help="number of distinct prompts")
+    p.add_argument("--out", type=a.out_file, required=True, metavar="F.jsonl")
+    p.add_argument("--seed", type=a.kind(SEED), default=0)
+    p.add_argument("--temperature", type=a.kind(POSITIVE), default=1.0)
+    p.add_argument("--top-p", type=a.kind(PROBABILITY), default=0.95)
+    p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=96, help="longer requests are dropped")
+    p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=256)
+    p.set_defaults(func=run_sample_prompts)
+
+    p = sub.add_parser(
+        "distill",
+        help="write the target's greedy answers to prompts as drafter training data",
+        description="Self-distillation: greedy-decode training prompts with the target and write them as resumable "
+        "JSONL shards. Rerun the same command to resume an interrupted run.",
+    )
+    a.add_model(p)
+    p.add_argument("--prompts", type=Path, metavar="F.jsonl",
+                   help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line (e.g. from sample-prompts)')
+    p.add_argument("--builtin-prompts", type=a.kind(POSITIVE_INT), metavar="N",
+                   help="N prompts from the built-in set (before those of --prompts when both are given)")
+    p.add_argument("--out", type=a.out_dir, required=True, metavar="DIR",
+                   help="output directory (shards and manifest.json)")
+    p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=256)
+    p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=16)
+    p.add_argument("--seed", type=a.kind(SEED), default=0, help="seed of --builtin-prompts")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
+    p.add_argument("--for-eval", action="store_true",
+                   help="data to measure drafters on (a training run's eval_data, eval-drafter): evaluation prompts "
+                   "such as the benchmark prompts are allowed, and `specformer train` refuses it as training data")
+    p.set_defaults(func=run_distill)
+
+
+def run_sample_prompts(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.self_prompts import read_rounds, sample_prompts
+
+    read_rounds(args.out)  # an unusable --out fails before the model loads
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    model = load_target(args.model)
+    prompts = sample_prompts(model, args.num, args.out, seed=args.seed, temperature=args.temperature,
+                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    print(f"specformer: {len(prompts)} prompts in {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_distill(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.encode import read_prompts_file
+    from specformer_jax.training.distill import distill
+    from specformer_jax.training.prompts import builtin_prompts
+
+    if not args.prompts and not args.builtin_prompts:
+        raise SpecformerError("give --prompts F.jsonl, --builtin-prompts N, or both")
+    # Read the prompts before loading the model, so a bad prompts file fails at once.
+    prompts = builtin_prompts(args.builtin_prompts or 0, args.seed)
+    prompts += read_prompts_file(args.prompts) if args.prompts else []
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    model = load_target(args.model)
+    s = distill(model, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                chat=not args.no_chat, purpose="eval" if args.for_eval else "train")
+    print(f"specformer: {s['num_prompts']} prompts distilled into {s['out_dir']} ({s['shards_written']} new "
+          f"shard(s), {s['shards_skipped']} already done; {s['num_generated']} tokens at "
+          f"{s['tokens_per_second']:.1f} tokens/s, {s['seconds']:.1f} s in all)", file=sys.stderr)
+    return 0

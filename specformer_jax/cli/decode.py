@@ -1,0 +1,94 @@
+"""`specformer generate`: decode prompts with a target model, speculatively when a drafter is given."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, SEED
+from specformer_jax.cli import args as a
+from specformer_jax.errors import SpecformerError
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("generate", help="decode prompts with a target model", description="Decode prompts on the device.")
+    a.add_model(p)
+    p.add_argument("--prompt", action="extend", nargs="+", default=[], metavar="TEXT", help="a prompt (repeatable)")
+    p.add_argument("--prompts-file", type=Path, help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line')
+    p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=128)
+    p.add_argument("--temperature", type=a.kind(NON_NEGATIVE), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=a.kind(PROBABILITY), default=1.0)
+    p.add_argument("--top-k", type=a.kind(NON_NEGATIVE_INT), default=0, help="0 = off")
+    p.add_argument("--seed", type=a.kind(SEED), default=0)
+    p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=8)
+    p.add_argument("--max-cache-len", type=a.kind(POSITIVE_INT), default=None,
+                   help="default: the model's context length")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="default: checkpoint dtype (GGUF: float32)")
+    a.add_device_options(p)
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
+    p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
+    p.add_argument("--drafter", default=None,
+                   help="'default' (shipped for the default model), a drafter directory, or 'none' for plain "
+                        "decoding; default: the shipped drafter when --model is default, else none")
+    p.add_argument("--draft-len", type=a.draft_len, default=None,
+                   help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
+                        "costs; default: all trained slots on a GPU/TPU, 1 on a CPU)")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.api import generate
+    from specformer_jax.decoding.encode import read_prompts_file
+
+    prompts = list(args.prompt) + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
+    if not prompts:
+        raise SpecformerError("no prompts: give --prompt TEXT or --prompts-file F.jsonl")
+    t = time.perf_counter()
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
+    drafter = _chosen_drafter(args, model)
+    if args.max_cache_len and args.max_cache_len > model.cfg.max_position:
+        print(f"specformer: warning: --max-cache-len {args.max_cache_len} is past the model's context length "
+              f"({model.cfg.max_position}): positions beyond it were never trained", file=sys.stderr)
+    a.drafter_needed(drafter, args.draft_len, ": pass --drafter DIR (this run decodes plainly)")
+    load_s = time.perf_counter() - t
+    result = generate(model, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
+                      chat=not args.no_chat, max_cache_len=args.max_cache_len, progress=True, drafter=drafter,
+                      draft_len=args.draft_len, mesh=a.mesh(args), records=a.records())
+    result.stats["load_seconds"] = load_s
+    result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
+    _print_summary(result.stats)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1)
+        print()
+    else:
+        for p, text, ids in zip(prompts, result.texts, result.token_ids):
+            shown = p if isinstance(p, str) else f"<{len(p)} token ids>"
+            print(f">>> {shown}\n{text if text is not None else ids}\n")
+    return 0
+
+
+def _chosen_drafter(args, model):
+    """The drafter to decode with, or None for plain decoding: with no --drafter, the shipped one goes with the
+    default model."""
+    from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER, load_drafter
+
+    choice = args.drafter
+    if choice is None:
+        if args.model != "default" or not (DEFAULT_DRAFTER / "drafter.json").is_file():
+            return None
+        choice = "default"
+    return None if choice == "none" else load_drafter(choice, model)
+
+
+def _print_summary(s: dict) -> None:
+    spec = (f", drafter {s['drafter']}, k = {s['draft_len']}, mean accepted length {s['mean_accepted_length']:.2f}"
+            if "mean_accepted_length" in s else ", plain decoding")
+    print(f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} "
+          f"tokens/s (batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; compile {s['compile_seconds']:.1f} s, "
+          f"load {s['load_seconds']:.1f} s)", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""`specformer train` and `specformer eval-drafter`: train a drafter on distilled data, and measure one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from specformer_jax.checks import NON_NEGATIVE_INT, POSITIVE_INT
+from specformer_jax.cli import args as a
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("train", help="train a SpecFormer drafter", description="Train a drafter on distilled data.")
+    p.add_argument("--config", type=Path, help="YAML of TrainConfig settings (see configs/)")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override settings: --set steps=100 lr=3e-4 (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under `out`")
+    multi = p.add_argument_group("several processes (default: SPECFORMER_* environment, SLURM or TPU pod detection)")
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (SPECFORMER_COORDINATOR)")
+    multi.add_argument("--num-processes", type=a.kind(POSITIVE_INT), metavar="N",
+                       help="processes in the run (SPECFORMER_NUM_PROCESSES)")
+    multi.add_argument("--process-id", type=a.kind(NON_NEGATIVE_INT), metavar="I",
+                       help="this process, 0..N-1 (SPECFORMER_PROCESS_ID)")
+    p.set_defaults(func=run_train)
+
+    p = sub.add_parser("eval-drafter", help="teacher-forced drafter accuracy on distilled data",
+                       description="Per-slot top-1 accuracy and expected accepted length on held-out distilled data.")
+    a.add_model(p)
+    p.add_argument("--drafter", required=True, help="a drafter directory (drafter.json + params.safetensors)")
+    p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
+    p.add_argument("--all", action="store_true",
+                   help="score every record (default: only those held out by the drafter's training split; "
+                   "every record of data distilled --for-eval)")
+    p.add_argument("--seq-len", type=a.kind(POSITIVE_INT), default=512)
+    p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=8)
+    p.add_argument("--save", action="store_true",
+                   help="also store the result in the drafter's drafter.json (what --draft-len auto reads)")
+    p.set_defaults(func=run_eval_drafter)
+
+
+def run_train(args) -> int:
+    from specformer_jax.distributed import initialize_distributed
+    from specformer_jax.training.train_config import load_train_config
+    from specformer_jax.training.trainer import train
+
+    cfg = load_train_config(args.config, args.set)  # touches no device: a bad config fails before waiting for peers
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)  # before any JAX device use
+    result = train(cfg, resume=args.resume)
+    ev = result["eval"]
+    summary = f"; eval expected accepted length {ev['expected_accepted_length']:.3f}" if ev else ""
+    print(f"specformer: trained to step {result['step']}{summary}; drafter in {Path(cfg.out) / 'drafter'}",
+          file=sys.stderr)
+    return 0
+
+
+def run_eval_drafter(args) -> int:
+    from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.dataset import check_vocabulary, records_to_score
+    from specformer_jax.training.evaluate import evaluate_drafter
+
+    target = load_target(args.model)
+    drafter = load_drafter(args.drafter, target)
+    records = records_to_score(args.data, drafter.meta.get("train_config"), args.all)
+    check_vocabulary([args.data], target.cfg.vocab_size)  # evaluate_drafter checks the scored records' ids
+    result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size,
+                              progress=True)
+    if args.save:
+        saved = record_eval(args.drafter, {**result, "data": str(args.data)})
+        print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
