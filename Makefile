@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all venv clean
+.PHONY: demo lint test test-all venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,10 +22,13 @@ demo: $(STAMP)
 	  --prompt "Write one sentence about why the sky is blue." \
 	  --prompt "Give me three tips for writing clear Python code."
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" -q
 
-test-all: $(STAMP)
+test-all: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 clean:

@@ -50,7 +50,8 @@ def resolve(impl: str, head_dim: int) -> str | None:
 def cache_block(impl: str, head_dim: int) -> int:
     """KV caches should hold a multiple of this many positions, so the kernel never pads (copies) them."""
     kernel = resolve(impl, head_dim)
-    return {"gpu": GPU_BLOCK_K, "interpret": GPU_BLOCK_K, "tpu": TPU_BLOCK_K, "interpret_tpu": TPU_BLOCK_K}.get(kernel, 1)
+    blocks = {"gpu": GPU_BLOCK_K, "interpret": GPU_BLOCK_K, "tpu": TPU_BLOCK_K, "interpret_tpu": TPU_BLOCK_K}
+    return blocks.get(kernel, 1)
 
 
 def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None):
@@ -68,14 +69,16 @@ def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scal
 def _kernel_attention(q, k, v, lengths, kernel: str, num_splits, **kw):
     """A Pallas kernel's forward pass with its fused backward as the custom VJP."""
     if kernel in ("gpu", "interpret"):
-        from pallas_kernels.gpu import ragged_attention_gpu_bwd as backward, ragged_attention_gpu_fwd
+        from pallas_kernels.gpu import ragged_attention_gpu_bwd as backward
+        from pallas_kernels.gpu import ragged_attention_gpu_fwd
 
         kw = dict(kw, block_k=GPU_BLOCK_K, interpret=kernel == "interpret")
         forward = functools.partial(ragged_attention_gpu_fwd, num_splits=num_splits)  # the backward needs no splits
     else:
         from jax.experimental.pallas import tpu as pltpu
 
-        from pallas_kernels.tpu import ragged_attention_tpu_bwd as backward, ragged_attention_tpu_fwd as forward
+        from pallas_kernels.tpu import ragged_attention_tpu_bwd as backward
+        from pallas_kernels.tpu import ragged_attention_tpu_fwd as forward
 
         kw = dict(kw, block_k=TPU_BLOCK_K, interpret=pltpu.InterpretParams() if kernel == "interpret_tpu" else None)
 

@@ -50,7 +50,8 @@ class Kind:
 def integer(low: int | None = None, high: int | None = None, what: str | None = None) -> Kind:
     """Integers in [low, high] (either bound may be open-ended)."""
     named = {(None, None): "an integer", (1, None): "a positive integer", (0, None): "a non-negative integer"}
-    what = what or named.get((low, high)) or (f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]")
+    what = what or named.get((low, high)) or (f"an integer >= {low}" if high is None
+                                              else f"an integer in [{low}, {high}]")
     return Kind(what, lambda v: is_int(v) and (low is None or v >= low) and (high is None or v <= high), int)
 
 
@@ -67,11 +68,9 @@ def number(low: float | None = None, high: float | None = None, above: bool = Fa
     return Kind(what, lambda v: is_number(v) and fits(v), float)
 
 
-INTEGER = integer()
 POSITIVE_INT = integer(1)
 NON_NEGATIVE_INT = integer(0)
 SEED = integer(-2**63, 2**63 - 1, what="an integer that fits in 64 bits")
-NUMBER = number()
 POSITIVE = number(0, above=True)
 NON_NEGATIVE = number(0)
 FRACTION = number(0, 1)  # [0, 1]

@@ -93,9 +93,8 @@ class TargetConfig:
                                       f"({self.num_heads}) when head_dim is not given")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
-            raise SpecformerError(
-                f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads ({self.num_kv_heads})"
-            )
+            raise SpecformerError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                                  f"num_key_value_heads ({self.num_kv_heads})")
         if self.dtype not in ("float32", "bfloat16"):
             raise SpecformerError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.attention_impl not in IMPLS:

@@ -94,7 +94,8 @@ def distributed_setup(env: Mapping[str, str], coordinator: str | None = None, nu
     SPECFORMER_DISTRIBUTED=auto: let JAX detect the cluster (launch/tpu_pod.sh sets it); =off: stay one process.
     Otherwise a SLURM job of several tasks or a multi-host TPU environment is detected; else a single process.
     SPECFORMER_INIT_TIMEOUT: seconds to wait for every process to join (default 120)."""
-    timeout_s = _int_setting("SPECFORMER_INIT_TIMEOUT", env.get("SPECFORMER_INIT_TIMEOUT"), POSITIVE_INT) or INIT_TIMEOUT_S
+    timeout_s = (_int_setting("SPECFORMER_INIT_TIMEOUT", env.get("SPECFORMER_INIT_TIMEOUT"), POSITIVE_INT)
+                 or INIT_TIMEOUT_S)
     coordinator = coordinator or env.get("SPECFORMER_COORDINATOR") or None
     num_processes = num_processes if num_processes is not None else env.get("SPECFORMER_NUM_PROCESSES")
     process_id = process_id if process_id is not None else env.get("SPECFORMER_PROCESS_ID")

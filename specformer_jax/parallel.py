@@ -21,7 +21,8 @@ from typing import Mapping
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from specformer_jax.errors import SpecformerError
 
@@ -84,11 +85,6 @@ def make_mesh(spec: str | None = None) -> Mesh:
     return Mesh(devices, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 
-def data_mesh() -> Mesh:
-    """All devices on the data axis."""
-    return make_mesh("data=-1")
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
@@ -140,12 +136,6 @@ def like_params(tree, params, mesh: Mesh):
         return NamedSharding(mesh, P())
 
     return jax.tree_util.tree_map_with_path(one, tree)
-
-
-def cache_shardings(cache, mesh: Mesh):
-    """A KVCache [L, B, Hkv, S, D] (and lengths [B]): rows over batch axes, KV heads over tensor."""
-    kv = NamedSharding(mesh, _spec(mesh, cache.k.shape, (None, "batch", "kv_heads", None, None)))
-    return type(cache)(kv, kv, NamedSharding(mesh, _spec(mesh, cache.lengths.shape, ("batch",))))
 
 
 # Placing host data on a mesh that may span several processes. In a single process these are jax.device_put and

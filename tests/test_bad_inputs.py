@@ -15,8 +15,6 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 
 
-
-
 def copy_checkpoint(src, dst):
     shutil.copytree(src, dst)
     return dst
@@ -83,7 +81,8 @@ def test_gguf_with_impossible_metadata(cli_error, tmp_path):
 def test_prompt_longer_than_cache(cli_error, tmp_path, tiny_checkpoints):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"input_ids": list(range(3, 40))}) + "\n")
-    argv = ["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts), "--max-cache-len", "32"]
+    argv = ["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompts-file", str(prompts),
+            "--max-cache-len", "32"]
     line = cli_error(argv)
     assert "prompt 0 has 37 tokens" in line and "cache holds 32" in line
 
@@ -110,8 +109,8 @@ def test_bad_prompts_file(cli_error, tmp_path, content):
 
 @pytest.mark.parametrize(
     "option",
-    [["--temperature", "-1"], ["--temperature", "hot"], ["--top-p", "1.5"], ["--top-k", "-3"], ["--max-new-tokens", "0"],
-     ["--batch-size", "x"], ["--dtype", "float16"], ["--bogus"]],
+    [["--temperature", "-1"], ["--temperature", "hot"], ["--top-p", "1.5"], ["--top-k", "-3"],
+     ["--max-new-tokens", "0"], ["--batch-size", "x"], ["--dtype", "float16"], ["--bogus"]],
 )
 def test_bad_option_values(cli_error, option):
     line = cli_error(["generate", "--prompt", "hi", *option])
@@ -130,7 +129,8 @@ def test_empty_batch_in_api(tiny_checkpoints):
 
 def test_console_script_exit_code(tmp_path):
     exe = shutil.which("specformer", path=str(sys.prefix) + "/bin")
-    proc = subprocess.run([exe, "generate", "--model", str(tmp_path / "missing"), "--prompt", "hi"], capture_output=True, text=True)
+    proc = subprocess.run([exe, "generate", "--model", str(tmp_path / "missing"), "--prompt", "hi"],
+                          capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("specformer: error:")
     assert "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
-"""The embedded default (SmolLM2-135M-Instruct GGUF): our GGUF loader and decoder against transformers on the same file."""
+"""The embedded default (SmolLM2-135M-Instruct GGUF): our GGUF loader and decoder against transformers on the same
+file."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def ours():
 @pytest.fixture(scope="module")
 def reference():
     path = default_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
 
 
 def test_default_config_is_smollm2(ours):
@@ -45,7 +47,8 @@ def test_logits_match_transformers_on_ragged_batch(ours, reference):
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = r
     cache = KVCache.zeros(ours.cfg.num_layers, 2, T, ours.cfg.num_kv_heads, ours.cfg.head_dim)
-    logits, _, _ = ours.module().apply({"params": ours.params}, jnp.asarray(tokens), cache, jnp.asarray([len(r) for r in rows]))
+    lengths = jnp.asarray([len(r) for r in rows])
+    logits, _, _ = ours.module().apply({"params": ours.params}, jnp.asarray(tokens), cache, lengths)
     exact = copy.deepcopy(reference).double()
     for i, r in enumerate(rows):
         with torch.no_grad():
@@ -71,5 +74,6 @@ def test_cli_greedy_tokens_match_transformers(ours, reference, capsys):
     results = json.loads(capsys.readouterr().out)["results"]
     assert "Paris" in results[0]["text"]
     for ids, res in zip(encode_prompts(ours, PROMPTS), results):
-        ref = reference.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=2, pad_token_id=2)
+        ref = reference.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=2,
+                                 pad_token_id=2)
         assert res["token_ids"] == ref[0, len(ids) :].tolist()

@@ -73,8 +73,8 @@ def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch,
     # each of the k = 0..3 loops timed was compiled once (by compile_loops), plus plain decoding above and the chosen k
     assert len(runner.COMPILED) == 1 + 4 + (auto["draft_len"] > 0)
 
-    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=AutoDraftLen(records, measure=no_measuring),
-                     progress=True, records=records)
+    tuner = AutoDraftLen(records, measure=no_measuring)
+    again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=tuner, progress=True, records=records)
     assert again.token_ids == plain
     assert "timing decode loops" not in capsys.readouterr().err
     second = again.stats["draft_len_auto"]

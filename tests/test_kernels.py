@@ -143,7 +143,8 @@ def check_gradient(case, impl, num_splits=None):
         return lambda q: jnp.sum(w * ragged_attention(q, k, v, lens, causal=causal, sliding_window=window, impl=impl,
                                                       num_splits=num_splits))
 
-    got = jax.grad(lambda q, k, v: loss(impl.removesuffix("_compiled"), k, v)(q), argnums=(0, 1, 2))(q, k, v)  # NaN past the lengths
+    # NaN past the lengths
+    got = jax.grad(lambda q, k, v: loss(impl.removesuffix("_compiled"), k, v)(q), argnums=(0, 1, 2))(q, k, v)
     want = jax.grad(lambda q, k, v: loss("reference", k, v)(q), argnums=(0, 1, 2))(q, finite(k), finite(v))
     for name, g, r in zip("qkv", got, want):
         assert not jnp.isnan(g).any(), name
@@ -291,4 +292,5 @@ def test_chains_cycle_through_enough_buffers_to_miss_the_cache():
     from specformer_jax.bench.kernels import COLD_BYTES, num_buffers
 
     assert num_buffers(1, 1000) == 1 and num_buffers(20, 10 * COLD_BYTES) == 1
-    assert num_buffers(20, COLD_BYTES // 4) == 4 and num_buffers(20, COLD_BYTES // 4 - 1) == 5 and num_buffers(20, 1000) == 20
+    assert num_buffers(20, COLD_BYTES // 4) == 4 and num_buffers(20, COLD_BYTES // 4 - 1) == 5
+    assert num_buffers(20, 1000) == 20

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specformer_jax.errors import SpecformerError
 from specformer_jax.distributed import DistributedSetup, distributed_setup
+from specformer_jax.errors import SpecformerError
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"

@@ -11,8 +11,7 @@ import pytest
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
-from specformer_jax.training.loss import (chunked_slot_ce, replay_rounds, slot_targets, slot_teacher_index,
-                                         target_hidden)
+from specformer_jax.training.loss import chunked_slot_ce, replay_rounds, slot_targets, slot_teacher_index, target_hidden
 
 TARGET = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=8)
@@ -27,7 +26,8 @@ def dense_sums(target_params, states, labels, weights):
     lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
     full = jnp.all(weights > 0, axis=-1)
     return {"ce_sum": jnp.sum(weights * ce, axis=(0, 1)), "correct": jnp.sum(hit, axis=(0, 1)).astype(jnp.float32),
-            "count": jnp.sum(weights, axis=(0, 1)), "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
+            "count": jnp.sum(weights, axis=(0, 1)),
+            "accepted_sum": jnp.sum(jnp.where(full, lead, 0)).astype(jnp.float32),
             "accepted_at_least": jnp.stack([jnp.sum(full & (lead > i)) for i in range(K)]).astype(jnp.float32),
             "positions": jnp.sum(full).astype(jnp.float32), "lead": lead}
 
@@ -113,7 +113,8 @@ def test_kl_teacher_is_the_targets_distribution_for_the_slots_label():
 
 
 def replay_reference(lead, mask):
-    """Decoding replayed in plain Python: first answer token from the target, then rounds from the last prompt position."""
+    """Decoding replayed in plain Python: first answer token from the target, then rounds from the last prompt
+    position."""
     emitted_total = rounds_total = 0
     for row, m in zip(np.asarray(lead), np.asarray(mask)):
         answer = int(m.sum())

@@ -104,7 +104,8 @@ def test_report_lays_devices_side_by_side(tmp_path, capsys):
     assert "(spec sheet, float32 peak): 3,350 GB/s, 67.0 TFLOP/s" in (tmp_path / "f.md").read_text()
     assert (tmp_path / "r.png").stat().st_size > 0
     # result files from before the read-bandwidth probe recorded a copy bandwidth, which is used for them
-    old = bench_file(tmp_path, "old.json", device="cpu", measured={"copy_bandwidth_gb_per_s": 7.0, "matmul_tflop_per_s": 0.2})
+    old = bench_file(tmp_path, "old.json", device="cpu",
+                     measured={"copy_bandwidth_gb_per_s": 7.0, "matmul_tflop_per_s": 0.2})
     assert main(["report", str(old), "--out", str(tmp_path / "o.md")]) == 0
     assert "(measured): 7 GB/s, 0.2 TFLOP/s" in (tmp_path / "o.md").read_text()
 

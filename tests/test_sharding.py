@@ -17,10 +17,9 @@ from specformer_jax.errors import SpecformerError
 HERE = Path(__file__).resolve().parent
 
 
-def run_with_8_devices(script: str, *args: str, cache: Path) -> dict:
-    """The script's JSON output; its decoding records (draft_len.py) go to `cache`, not the user's."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               SPECFORMER_CACHE=str(cache))
+def run_with_8_devices(script: str, *args: str) -> dict:
+    """The script's JSON output (the Python API it uses keeps no decoding records)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(HERE / "multidevice" / script), *args], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,9 +27,9 @@ def run_with_8_devices(script: str, *args: str, cache: Path) -> dict:
 
 
 @pytest.mark.slow  # about a minute on 2 cores (8 fake devices, several layouts)
-def test_sharded_train_step_equals_single_device(tmp_path):
+def test_sharded_train_step_equals_single_device():
     layouts = ["data=1", "data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"]
-    out = run_with_8_devices("train_layouts.py", *layouts, cache=tmp_path)
+    out = run_with_8_devices("train_layouts.py", *layouts)
     ref = out["data=1"]
     assert out["export"]["platforms"] == ["tpu"] and out["export"]["nr_devices"] == 8
     assert out["export"]["sharding_annotations"] > 0
@@ -41,7 +40,8 @@ def test_sharded_train_step_equals_single_device(tmp_path):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=layout)
     assert out["data=8"]["sharded_params"] == 0  # pure data parallel: replicated parameters
     for layout in ("fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"):  # parameters and Adam moments really split
-        assert out[layout]["sharded_params"] > 0 and out[layout]["sharded_opt_state"] >= 2 * out[layout]["sharded_params"]
+        sharded = out[layout]["sharded_params"]
+        assert sharded > 0 and out[layout]["sharded_opt_state"] >= 2 * sharded
 
 
 def test_mesh_specs():
@@ -56,9 +56,9 @@ def test_mesh_specs():
 
 
 @pytest.mark.slow  # about 50 s on 2 cores
-def test_sharded_decoding_gives_the_unsharded_tokens(tmp_path):
+def test_sharded_decoding_gives_the_unsharded_tokens():
     layouts = ["data=1", "data=8", "tensor=8", "data=2,tensor=4"]
-    out = run_with_8_devices("decode_layouts.py", *layouts, cache=tmp_path)
+    out = run_with_8_devices("decode_layouts.py", *layouts)
     ref = out["data=1"]
     assert out["export"]["platforms"] == ["tpu"] and out["export"]["nr_devices"] == 8
     assert out["export"]["sharding_annotations"] > 0

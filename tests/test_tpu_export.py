@@ -84,14 +84,14 @@ def test_train_step_exports_for_tpu(attention_impl):
     """With pallas_tpu the frozen target and the drafter's context layer run the Mosaic kernel; the drafter's
     gradient goes through the kernel's fused backward."""
     from specformer_jax.checkpoints.loader import LoadedTarget
-    from specformer_jax.parallel import data_mesh
+    from specformer_jax.parallel import make_mesh
     from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps
 
     cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=B, chunk_positions=32)
     tx = make_optimizer(cfg)
     target = LoadedTarget(dataclasses.replace(CFG, attention_impl=attention_impl), target_params(), None, (2,),
                           "abstract")
-    train_step, _ = make_steps(target, cfg, tx, data_mesh())
+    train_step, _ = make_steps(target, cfg, tx, make_mesh("data=-1"))
     dparams = jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(0)))
     state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)), dparams)
     batch = {"tokens": spec((B, 32)), "label_mask": spec((B, 32))}

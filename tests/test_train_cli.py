@@ -19,7 +19,8 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": rng.integers(3, 128, 8).tolist()}) + "\n" for _ in range(48)))
     data, out = tmp_path / "data", tmp_path / "run"
-    assert main(["distill", "--model", model, "--prompts", str(prompts), "--out", str(data), "--max-new-tokens", "24"]) == 0
+    assert main(["distill", "--model", model, "--prompts", str(prompts), "--out", str(data),
+                 "--max-new-tokens", "24"]) == 0
     argv = ["train", "--config", str(CONFIGS / "drafter-tiny.yaml"), "--set", f"model={model}", "--set", f"data={data}",
             "--set", f"out={out}", "--set", "intermediate_size=48"]  # a SwiGLU narrower than the target's 128
     assert main(argv) == 0

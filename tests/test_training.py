@@ -114,7 +114,8 @@ def test_interrupted_run_resumes_to_identical_parameters(tiny_checkpoints, tmp_p
     cfg = config(tiny_checkpoints, tmp_path / "cut")
     with pytest.raises((SpecformerError, RuntimeError)):
         trainer.train(cfg, progress=False)  # dies fetching batch 6; a checkpoint at step 5 (Ctrl-C) or 4 (crash)
-    assert (tmp_path / "cut" / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the step-3 eval
+    # drawn at the step-3 eval
+    assert (tmp_path / "cut" / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setattr(trainer, "training_batches", real)
     with pytest.raises(SpecformerError, match="--resume"):
         trainer.train(cfg, progress=False)  # refuses to overwrite
@@ -179,7 +180,8 @@ def test_train_config_errors(tmp_path):
                              ("adam_eps=0", "adam_eps must be"), ("grad_clip=-1", "grad_clip must be"),
                              ("warmup_frac=5", r"warmup_frac must be a finite number in \[0, 1\]"),
                              ("min_lr=2", "min_lr must be"), ("weight_decay=.inf", "weight_decay must be"),
-                             ("chunk_positions=0", "chunk_positions must be a positive integer"), ("lr=[", "not valid YAML"),
+                             ("chunk_positions=0", "chunk_positions must be a positive integer"),
+                             ("lr=[", "not valid YAML"),
                              ("hooks=[a,b]", "hooks must be a list of integers")]:
         with pytest.raises(SpecformerError, match=message):
             load_train_config(good, [setting])
@@ -223,7 +225,8 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     save_drafter(tmp_path / "d16", cfg, params, target.cfg)
-    assert (tmp_path / "d16" / "params.safetensors").stat().st_size < 0.6 * (tmp_path / "d32" / "params.safetensors").stat().st_size
+    size = lambda name: (tmp_path / name / "params.safetensors").stat().st_size
+    assert size("d16") < 0.6 * size("d32")
     other = load_target(tiny_checkpoints["qwen3"])
     with pytest.raises(SpecformerError, match="different target"):
         load_drafter(tmp_path / "d32", other)

@@ -26,7 +26,6 @@ import jax.numpy as jnp
 from pallas_kernels import GPU_BLOCK_K, ragged_attention, resolve
 from specformer_jax.bench.roofline import call_times, measure_device
 
-
 COLD_BYTES = 256 * 2**20  # K/V read by a chain before it comes back to the same buffer: 5x an H100's or H200's L2
 
 
@@ -57,7 +56,8 @@ def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_
     rows = []
     doc = {
         "impl": impl, "dtype": dtype, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-        "repeats": repeats, "chain": chain, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+        "repeats": repeats, "chain": chain, "device": jax.devices()[0].device_kind,
+        "platform": jax.devices()[0].platform,
         "device_measured": measure_device(dtype),
         "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
         "results": rows,
@@ -96,8 +96,8 @@ def run_kernel_benchmark(*, batch_sizes, queries, cache_lens, num_heads=32, num_
                     split_note = f" in {splits} splits" if splits and splits > 1 else ""
                     print(f"specformer bench-kernels: B={B} Q={Q} S={S}: reference {1e6 * times['reference']:.0f} us, "
                           f"kernel {1e6 * times['kernel']:.0f} us{split_note} ({row['speedup']:.2f}x, "
-                          f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_read_bandwidth']:.0f}% of read)",
-                          file=log)
+                          f"{row['kernel_gb_per_s']:.0f} GB/s = {100 * row['fraction_of_read_bandwidth']:.0f}% "
+                          "of read)", file=log)
                 doc["complete"] = len(rows) == num_shapes
                 if on_progress:
                     on_progress(doc)

@@ -27,7 +27,8 @@ def plot_bench(result: dict, out_png: Path) -> None:
                         f"AL {r['spec'].get('mean_accepted_length', 1.0):.2f}",
                         (i + width / 2, r["spec"]["tokens_per_second"]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [str(b) for b in bs])
-    ax.set(xlabel="batch size", ylabel="tokens/s", title=f"{result.get('model', '')} on {result['device']} ({result['dtype']})")
+    ax.set(xlabel="batch size", ylabel="tokens/s",
+           title=f"{result.get('model', '')} on {result['device']} ({result['dtype']})")
     ax.legend(loc="upper left")
     fig.tight_layout()
     save_figure(fig, out_png)

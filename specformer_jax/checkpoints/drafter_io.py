@@ -1,4 +1,5 @@
-"""Save and load a trained drafter: a directory with drafter.json (config + target fingerprint) and params.safetensors."""
+"""Save and load a trained drafter: a directory with drafter.json (config, target fingerprint, eval) and
+params.safetensors."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def target_fingerprint(cfg: TargetConfig) -> dict:
 
 @dataclasses.dataclass
 class LoadedDrafter:
+    """A drafter ready to decode with: its config, parameters on the device and drafter.json's contents."""
+
     cfg: DrafterConfig
     params: dict
     meta: dict  # drafter.json contents (training recipe, target source, eval numbers when recorded)
@@ -42,7 +45,8 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
     path.mkdir(parents=True, exist_ok=True)
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
-    write_safetensors(path / "params.safetensors", {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
+    write_safetensors(path / "params.safetensors",
+                      {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
     write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
                                         **(meta or {})})
 

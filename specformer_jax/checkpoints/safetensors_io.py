@@ -9,9 +9,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from specformer_jax.files import atomic_open
-
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import atomic_open
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,

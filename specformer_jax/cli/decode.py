@@ -13,7 +13,8 @@ from specformer_jax.errors import SpecformerError
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("generate", help="decode prompts with a target model", description="Decode prompts on the device.")
+    p = sub.add_parser("generate", help="decode prompts with a target model",
+                       description="Decode prompts on the device.")
     a.add_model(p)
     p.add_argument("--prompt", action="extend", nargs="+", default=[], metavar="TEXT", help="a prompt (repeatable)")
     p.add_argument("--prompts-file", type=Path, help='JSONL with {"prompt": ...} or {"input_ids": [...]} per line')
@@ -90,5 +91,5 @@ def _print_summary(s: dict) -> None:
     spec = (f", drafter {s['drafter']}, k = {s['draft_len']}, mean accepted length {s['mean_accepted_length']:.2f}"
             if "mean_accepted_length" in s else ", plain decoding")
     print(f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} "
-          f"tokens/s (batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; compile {s['compile_seconds']:.1f} s, "
-          f"load {s['load_seconds']:.1f} s)", file=sys.stderr)
+          f"tokens/s (batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; "
+          f"compile {s['compile_seconds']:.1f} s, load {s['load_seconds']:.1f} s)", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Speculative decoding (greedy, and lossless sampling) with a SpecFormer drafter, entirely on the device in one `lax.while_loop`.
+"""Speculative decoding (greedy, and lossless sampling) with a SpecFormer drafter, entirely on the device in one
+`lax.while_loop`.
 
 Each round feeds every row [x, d_1..d_k] (x: the last emitted token, not yet in the caches; d: drafts) through ONE
 target forward that also returns the hooked hidden states, and the drafter's context layer over the same tokens.
@@ -18,8 +19,13 @@ from flax import struct
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.autoregressive import is_eos
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens, step_keys
-from specformer_jax.modeling.drafter import (Drafter, draft_head_params, draft_logits, drafter_cache,
-                                             next_token_embedding)
+from specformer_jax.modeling.drafter import (
+    Drafter,
+    draft_head_params,
+    draft_logits,
+    drafter_cache,
+    next_token_embedding,
+)
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
@@ -128,7 +134,8 @@ def spec_generate(
         return jax.vmap(lambda key: jax.random.split(key, 3))(step_keys(row_keys, step))
 
     with jax.named_scope("prefill"):
-        logits, cache, hidden = target.apply({"params": params}, prompts, cache, prompt_lens, (prompt_lens - 1)[:, None])
+        last = (prompt_lens - 1)[:, None]
+        logits, cache, hidden = target.apply({"params": params}, prompts, cache, prompt_lens, last)
         keys0 = round_keys(0)
         first = select_tokens(logits[:, 0], keys0[:, 0], sampling)
         dlogits, dcache = draft_fn(dparams, head, hidden, drafter_cache(cfg, B, S), prompt_lens,

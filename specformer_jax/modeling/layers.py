@@ -38,4 +38,5 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name=name)
-        return dense(self.hidden, "down")(nn.silu(dense(self.intermediate, "gate")(x)) * dense(self.intermediate, "up")(x))
+        gated = nn.silu(dense(self.intermediate, "gate")(x)) * dense(self.intermediate, "up")(x)
+        return dense(self.hidden, "down")(gated)

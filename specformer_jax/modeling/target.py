@@ -31,9 +31,9 @@ class Attention(nn.Module):
         """Appends this layer's keys/values to the stacked caches [L, B, Hkv, S, D] at `layer`; returns them too."""
         cfg = self.cfg
         B, T, _ = x.shape
-        q = _dense(cfg.num_heads * cfg.head_dim, cfg, "q", cfg.qkv_bias)(x).reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = _dense(cfg.num_kv_heads * cfg.head_dim, cfg, "k", cfg.qkv_bias)(x).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        v = _dense(cfg.num_kv_heads * cfg.head_dim, cfg, "v", cfg.qkv_bias)(x).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        project = lambda name, heads: _dense(heads * cfg.head_dim, cfg, name, cfg.qkv_bias)(x).reshape(
+            B, T, heads, cfg.head_dim)
+        q, k, v = project("q", cfg.num_heads), project("k", cfg.num_kv_heads), project("v", cfg.num_kv_heads)
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="k_norm")(k)

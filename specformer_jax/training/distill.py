@@ -19,6 +19,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from specformer_jax.assets import EVAL_PROMPTS
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.decoding.api import generate
@@ -26,7 +27,6 @@ from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
 from specformer_jax.training.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
-from specformer_jax.assets import EVAL_PROMPTS
 from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt
 
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
@@ -130,51 +130,52 @@ def distill(
     check_fits(model, prompt_ids, max_new_tokens)
     out_dir = Path(out_dir)
     settings = {
-        "format": FORMAT,
-        "model": str(Path(model.source).resolve()),
-        "dtype": model.cfg.dtype,
-        "vocab_size": model.cfg.vocab_size,
-        "max_new_tokens": max_new_tokens,
-        "chat": chat,
-        "shard_size": shard_size,
-        "num_prompts": len(prompt_ids),
-        "prompts_sha256": prompts_sha256(prompt_ids),
-        "purpose": purpose,
+        "format": FORMAT, "model": str(Path(model.source).resolve()), "dtype": model.cfg.dtype,
+        "vocab_size": model.cfg.vocab_size, "max_new_tokens": max_new_tokens, "chat": chat, "shard_size": shard_size,
+        "num_prompts": len(prompt_ids), "prompts_sha256": prompts_sha256(prompt_ids), "purpose": purpose,
     }
     open_out_dir(out_dir, settings)
-    num_shards = -(-len(prompt_ids) // shard_size)
-    done = set(write_manifest(out_dir, settings, num_shards))
-    skipped = len(done)
-    already = sum(len(prompt_ids[k * shard_size : (k + 1) * shard_size]) for k in done)
-    if progress and skipped:
-        print(f"specformer: resuming {out_dir}: {skipped} of {num_shards} shards already done", file=sys.stderr)
-    generated, run_s, t0 = 0, 0.0, time.perf_counter()
-    bar = tqdm(total=len(prompt_ids), initial=already, unit="prompt", file=sys.stderr, disable=not progress)
-    pending = [k for k in range(num_shards) if k not in done]
-    group = max(1, batch_size // shard_size)  # shards decoded together, so a batch can be larger than a shard
-    with bar:
-        for g in range(0, len(pending), group):
-            shards = pending[g : g + group]
-            chunks = [prompt_ids[k * shard_size : (k + 1) * shard_size] for k in shards]
-            result = generate(model, [p for c in chunks for p in c], max_new_tokens=max_new_tokens, temperature=0.0,
-                              batch_size=batch_size)
-            start = 0
-            for k, chunk in zip(shards, chunks):
-                answers = result.token_ids[start : start + len(chunk)]
-                write_atomic(out_dir / shard_name(k), shard_text(k * shard_size, chunk, answers))
-                start += len(chunk)
-            write_manifest(out_dir, settings, num_shards)
-            generated += result.stats["num_generated"]
-            run_s += result.stats["run_seconds"]
-            bar.update(start)
-            bar.set_postfix_str(f"{generated / run_s if run_s else 0.0:.1f} tok/s")
+    shards = [prompt_ids[k : k + shard_size] for k in range(0, len(prompt_ids), shard_size)]
+    done = set(write_manifest(out_dir, settings, len(shards)))
+    if progress and done:
+        print(f"specformer: resuming {out_dir}: {len(done)} of {len(shards)} shards already done", file=sys.stderr)
+    t0 = time.perf_counter()
+    generated, run_s = _write_shards(model, out_dir, settings, shards, done, batch_size, progress)
     return {
         "out_dir": str(out_dir),
         "num_prompts": len(prompt_ids),
-        "num_shards": num_shards,
-        "shards_written": num_shards - skipped,
-        "shards_skipped": skipped,
+        "num_shards": len(shards),
+        "shards_written": len(shards) - len(done),
+        "shards_skipped": len(done),
         "num_generated": generated,
         "tokens_per_second": generated / run_s if run_s else 0.0,  # decode time only; compilation left out
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _write_shards(model: LoadedTarget, out_dir: Path, settings: dict, shards: list[list], done: set[int],
+                  batch_size: int, progress: bool) -> tuple[int, float]:
+    """Decode and write the shards not `done`, batch_size // shard_size of them at a time (at least one); the
+    manifest is rewritten after each group. Returns (tokens generated, seconds decoding)."""
+    shard_size = settings["shard_size"]
+    already = sum(len(shards[k]) for k in done)
+    pending = [k for k in range(len(shards)) if k not in done]
+    group = max(1, batch_size // shard_size)  # shards decoded together, so a batch can be larger than a shard
+    generated, run_s = 0, 0.0
+    with tqdm(total=settings["num_prompts"], initial=already, unit="prompt", file=sys.stderr,
+              disable=not progress) as bar:
+        for g in range(0, len(pending), group):
+            ks = pending[g : g + group]
+            result = generate(model, [p for k in ks for p in shards[k]], max_new_tokens=settings["max_new_tokens"],
+                              temperature=0.0, batch_size=batch_size)
+            start = 0
+            for k in ks:
+                answers = result.token_ids[start : start + len(shards[k])]
+                write_atomic(out_dir / shard_name(k), shard_text(k * shard_size, shards[k], answers))
+                start += len(shards[k])
+            write_manifest(out_dir, settings, len(shards))
+            generated += result.stats["num_generated"]
+            run_s += result.stats["run_seconds"]
+            bar.update(start)
+            bar.set_postfix_str(f"{generated / run_s if run_s else 0.0:.1f} tok/s")
+    return generated, run_s

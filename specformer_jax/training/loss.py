@@ -167,7 +167,8 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
 
 
 def metrics_from_sums(sums) -> dict:
-    """Per-slot loss, top-1 accuracy and acceptance, and the teacher-forced expected accepted length (bonus included)."""
+    """Per-slot loss, top-1 accuracy and acceptance, and the teacher-forced expected accepted length (bonus
+    included)."""
     count = jnp.maximum(sums["count"], 1.0)
     return {
         "loss_per_slot": sums["ce_sum"] / count,

@@ -11,19 +11,29 @@ from pathlib import Path
 import yaml
 
 from pallas_kernels import IMPLS
-from specformer_jax.checks import (FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, SEED, is_int,
-                                   is_number, number)
+from specformer_jax.checks import (
+    FRACTION,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    SEED,
+    is_int,
+    is_number,
+    number,
+)
 from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text
 from specformer_jax.training.loss import OBJECTIVES
-
 
 DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input")  # -> DrafterConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """Every setting of a drafter training run (configs/*.yaml hold recipes); each value is checked on creation."""
+
     model: str = "default"  # target: default | HF dir | .gguf
     data: str = ""  # directory written by `specformer distill`; several: "dir1,dir2"
     out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/

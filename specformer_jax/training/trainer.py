@@ -25,11 +25,26 @@ from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import LoadedTarget, load_target
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
-from specformer_jax.parallel import (barrier, batch_sharded, like_params, make_mesh, param_shardings, put_global,
-                                     put_process_batch, replicated, to_host)
+from specformer_jax.parallel import (
+    barrier,
+    batch_sharded,
+    like_params,
+    make_mesh,
+    param_shardings,
+    put_global,
+    put_process_batch,
+    replicated,
+    to_host,
+)
 from specformer_jax.training.batches import eval_batches, training_batches
-from specformer_jax.training.dataset import (check_scorable, check_token_ids, check_vocabulary, data_dirs,
-                                             load_records, split)
+from specformer_jax.training.dataset import (
+    check_scorable,
+    check_token_ids,
+    check_vocabulary,
+    data_dirs,
+    load_records,
+    split,
+)
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -228,7 +243,8 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
 def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     """Data, checks, the target on the mesh, the jitted steps and the checkpoint manager."""
     if not isinstance(cfg, TrainConfig):
-        raise SpecformerError(f"cfg must be a TrainConfig (load_train_config(path, overrides)), got {type(cfg).__name__}")
+        raise SpecformerError("cfg must be a TrainConfig (load_train_config(path, overrides)), "
+                              f"got {type(cfg).__name__}")
     out = Path(cfg.out).absolute()
     train_recs, eval_recs = _prepared_data(cfg, out, resume)
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)

@@ -12,7 +12,8 @@ setup = initialize_distributed()  # before anything touches a device
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 from specformer_jax.parallel import make_mesh, put_global, put_process_batch, replicated, to_host  # noqa: E402
 
