@@ -70,7 +70,7 @@ def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch,
     assert auto["predicted_speedup"]["1"] == pytest.approx(1.9 * auto["step_seconds"] / auto["round_seconds"]["1"],
                                                            rel=1e-3)
     assert len(json.loads((tmp_path / "records.json").read_text())["step_costs"]) == 1
-    # each of the k = 0..3 loops timed was compiled once (by compile_loops), plus plain decoding above and the chosen k
+    # each of the k = 0..3 loops timed was compiled once (timing.py), plus plain decoding above and the chosen k
     assert len(runner.COMPILED) == 1 + 4 + (auto["draft_len"] > 0)
 
     tuner = AutoDraftLen(records, measure=no_measuring)

@@ -27,7 +27,9 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp_path / "dist", source])
+    # built with the test environment's setuptools (a test dependency), so no package index is needed
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", tmp_path / "dist",
+         source])
     (wheel,) = (tmp_path / "dist").glob("specformer_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for asset in ("eval-prompts.jsonl", "builtin-prompts.json", "drafter-smollm2-135m-instruct/params.safetensors"):

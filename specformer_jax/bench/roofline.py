@@ -110,7 +110,7 @@ def call_times(fn, args, repeats: int) -> list[float]:
     return times
 
 
-def marginal_rate(fn, make_args, sizes: tuple[int, int], work, repeats: int) -> float:
+def _marginal_rate(fn, make_args, sizes: tuple[int, int], work, repeats: int) -> float:
     """Work per second of fn at the larger of two sizes over the smaller: (work(big) - work(small)) / (t(big) -
     t(small)), so what a call costs whatever its size (dispatch, synchronisation: ~0.1 ms on a GPU) cancels. Falls
     back to work(big) / t(big) when noise makes the larger call the faster."""
@@ -122,13 +122,13 @@ def marginal_rate(fn, make_args, sizes: tuple[int, int], work, repeats: int) -> 
 
 def measure_device(dtype: str, size_mb: int = 256, matmul_n: int | None = None, repeats: int = 5) -> dict:
     """Read bandwidth (bytes summed / time) and matmul FLOP rate in `dtype` on the default device, each from two
-    sizes (`marginal_rate`): a sum over size_mb / 4 and size_mb of float32, the matmul of n and 2n (n: 4096 on an
+    sizes (`_marginal_rate`): a sum over size_mb / 4 and size_mb of float32, the matmul of n and 2n (n: 4096 on an
     accelerator, 512 on a CPU). Decoding mostly reads (weights, KV cache), and a read is what this measures: a copy
     also writes a fresh output, which on a CPU runs at a fifth of the read rate (page faults on the new buffer)."""
     n = matmul_n or (512 if jax.devices()[0].platform == "cpu" else 4096)
     elements = (size_mb * 2**20 // 16, size_mb * 2**20 // 4)  # float32
-    read_bw = marginal_rate(jax.jit(jnp.sum), lambda m: (jnp.ones((m,), jnp.float32),), elements, lambda m: 4 * m,
+    read_bw = _marginal_rate(jax.jit(jnp.sum), lambda m: (jnp.ones((m,), jnp.float32),), elements, lambda m: 4 * m,
                             repeats)
-    flops = marginal_rate(jax.jit(lambda a, b: a @ b), lambda m: (jnp.ones((m, m), dtype),) * 2, (n, 2 * n),
+    flops = _marginal_rate(jax.jit(lambda a, b: a @ b), lambda m: (jnp.ones((m, m), dtype),) * 2, (n, 2 * n),
                           lambda m: 2 * m**3, repeats)
     return {"read_bandwidth_gb_per_s": read_bw / 1e9, "matmul_tflop_per_s": flops / 1e12, "matmul_dtype": dtype}

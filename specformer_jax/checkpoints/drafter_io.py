@@ -51,7 +51,7 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetCon
                                         **(meta or {})})
 
 
-def resolve_drafter_path(path: str | Path) -> Path:
+def _drafter_dir(path: str | Path) -> Path:
     """A drafter directory ("default": the one shipped for the default model)."""
     path = checked_path("drafter", path)
     if str(path) == "default":
@@ -64,7 +64,7 @@ def resolve_drafter_path(path: str | Path) -> Path:
 def record_eval(path: str | Path, result: dict) -> Path:
     """Store evaluation numbers in the drafter's drafter.json (`--draft-len auto` reads its per-slot acceptance);
     returns that file's path."""
-    meta_path = resolve_drafter_path(path) / "drafter.json"
+    meta_path = _drafter_dir(path) / "drafter.json"
     doc = json.loads(meta_path.read_text())
     doc["eval"] = result
     write_json(meta_path, doc)
@@ -78,7 +78,7 @@ def _fingerprint_diff(recorded: dict, cfg: TargetConfig) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def expected_params(target: TargetConfig, cfg: DrafterConfig) -> dict:
+def _expected_params(target: TargetConfig, cfg: DrafterConfig) -> dict:
     """Flat name -> ShapeDtypeStruct of the parameters a drafter with `cfg` has on `target`."""
     return traverse_util.flatten_dict(jax.eval_shape(lambda: init_drafter(target, cfg, jax.random.key(0))), sep="/")
 
@@ -92,7 +92,7 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
     if diff:
         raise SpecformerError(f"this drafter was made for a different target ({diff})")
     have = traverse_util.flatten_dict(drafter.params, sep="/")
-    for name, spec in expected_params(target, drafter.cfg).items():
+    for name, spec in _expected_params(target, drafter.cfg).items():
         if name not in have or tuple(have[name].shape) != tuple(spec.shape):
             raise SpecformerError(f"this drafter does not fit the model: parameter {name} is missing or has the "
                                   "wrong shape (a drafter for another target?)")
@@ -103,7 +103,7 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
 
     A drafter made for a different target is a clear error.
     """
-    path = resolve_drafter_path(path)
+    path = _drafter_dir(path)
     meta_path = path / "drafter.json"
     if not path.exists():
         raise SpecformerError(f"drafter {path} does not exist")
@@ -130,7 +130,7 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     if tensors is None:
         raise SpecformerError(f"{path} has no params.safetensors")
     params = {}
-    for name, spec in expected_params(target.cfg, cfg).items():
+    for name, spec in _expected_params(target.cfg, cfg).items():
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)

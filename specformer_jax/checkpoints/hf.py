@@ -21,7 +21,7 @@ def _read_json(path: Path) -> dict:
     return doc
 
 
-def load_hf_config(directory: Path, dtype: str | None = None) -> TargetConfig:
+def _config(directory: Path, dtype: str | None = None) -> TargetConfig:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SpecformerError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
@@ -33,7 +33,7 @@ def load_hf_config(directory: Path, dtype: str | None = None) -> TargetConfig:
     return cfg if dtype is None else dataclasses.replace(cfg, dtype=dtype)  # a bad dtype is not the file's fault
 
 
-def load_hf_tensors(directory: Path) -> dict:
+def _tensors(directory: Path) -> dict:
     """All tensors by HF name, memory-mapped."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -53,8 +53,8 @@ def load_hf_tensors(directory: Path) -> dict:
 
 def load_hf(directory: Path, dtype: str | None = None):
     """(config, params, eos_ids, tokenizer-or-None) from a checkpoint directory."""
-    cfg = load_hf_config(directory, dtype)
-    tensors = load_hf_tensors(directory)
+    cfg = _config(directory, dtype)
+    tensors = _tensors(directory)
     params = params_from_hf(tensors.__getitem__, cfg, source=directory)
     eos = _eos_ids(directory)
     tokenizer = _tokenizer(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None

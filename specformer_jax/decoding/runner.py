@@ -129,12 +129,12 @@ class DecodeRun:
                  "tokens_per_second": num_generated / self.run_seconds if self.run_seconds else 0.0,
                  "run_seconds": self.run_seconds, "compile_seconds": self.compile_seconds, "decode_steps": self.steps}
         if self.rows:
-            stats.update(speculative_stats(self.rows))
+            stats.update(_speculative_stats(self.rows))
             stats["batch_accepted_length"] = self.plain_steps / max(self.steps, 1)
         return stats
 
 
-def speculative_stats(rows: dict[str, list]) -> dict:
+def _speculative_stats(rows: dict[str, list]) -> dict:
     """mean_accepted_length (tokens per target forward, bonus included), per-slot acceptance, rounds: total and per
     row."""
     rounds = np.asarray(rows["row_rounds"], np.int64)

@@ -33,7 +33,7 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
     bar = tqdm(total=2 * len(plans), desc=f"draft-len auto: timing decode loops at batch {batch_size}",
                unit="step", file=sys.stderr, disable=not progress)  # compile each loop, then time it
     with bar:
-        compile_loops(plans, model.params, drafter.params, prompts, on_compiled=bar.update)
+        _compile_loops(plans, model.params, drafter.params, prompts, on_compiled=bar.update)
         times = {}
         for plan in plans:
             run = run_batches(plan, model.params, drafter.params, prompts, batch_size, keys)
@@ -42,7 +42,8 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
     return {"step_seconds": times.pop(0), "round_seconds": times}
 
 
-def compile_loops(plans: list[DecodePlan], params, dparams, prompts: list[list[int]], on_compiled=lambda: None) -> None:
+def _compile_loops(plans: list[DecodePlan], params, dparams, prompts: list[list[int]],
+                   on_compiled=lambda: None) -> None:
     """Compile the loops of `plans` for one batch of these prompts, all at once in threads (XLA compiles outside the
     GIL, so the compilations overlap where there are cores to spare), then run each for one round, so its first
     launch costs are paid too and a run timed afterwards measures decoding alone."""

@@ -20,7 +20,7 @@ from specformer_jax.errors import SpecformerError
 def default_draft_len(drafter: LoadedDrafter) -> int:
     """Drafts per round when none is asked for: every trained slot on an accelerator, one on a CPU. There a matmul
     over a few rows costs several times one row's rather than one read of the weights, so each further draft adds to a
-    round about what it saves (benchmarks/README.md: "2-core CPU")."""
+    round about what it saves (benchmarks/README.md, "CPU decoding (2 cores)")."""
     return 1 if jax.default_backend() == "cpu" else drafter.cfg.num_slots
 
 

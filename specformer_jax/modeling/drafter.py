@@ -126,20 +126,20 @@ def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
     return jnp.take(target_params["embed"]["embedding"], next_tokens, axis=0)
 
 
-def draft_head_dtype(target_cfg: TargetConfig) -> str:
-    """bfloat16 on accelerators; the model's own dtype on CPUs, whose bfloat16 matmuls are slow (measured on a 2-core
-    x86 machine: the 4-slot vocabulary projection took 78 ms in bfloat16 and 16 ms in float32)."""
+def _draft_head_dtype(target_cfg: TargetConfig) -> str:
+    """bfloat16 on accelerators; the model's own dtype on CPUs, where XLA's bfloat16 matmuls run several times slower
+    than float32 ones (benchmarks/README.md, "Why a round cost more than a step")."""
     return target_cfg.dtype if jax.default_backend() == "cpu" else "bfloat16"
 
 
 def draft_head_params(target_cfg: TargetConfig, target_params):
-    """The target's final norm and LM head for drafting, with the head matrix in `draft_head_dtype`.
+    """The target's final norm and LM head for drafting, with the head matrix in `_draft_head_dtype`.
 
     Drafting reads the whole vocabulary matrix once more per round; in bfloat16 that read costs half. Drafts only
     need the logits' ranking (and, when sampling, verification uses the distribution they were actually drawn
     from), so the output stays exactly the target's.
     """
-    dtype = draft_head_dtype(target_cfg)
+    dtype = _draft_head_dtype(target_cfg)
     head = {"final_norm": target_params["final_norm"]}
     for name in ("embed", "lm_head"):
         if name in target_params:
@@ -149,7 +149,7 @@ def draft_head_params(target_cfg: TargetConfig, target_params):
 
 def draft_logits(target_cfg: TargetConfig, head_params, slot_states: jax.Array) -> jax.Array:
     """Final norm + LM head (params from draft_head_params) on drafter slot states: float32 logits."""
-    dtype = draft_head_dtype(target_cfg)
+    dtype = _draft_head_dtype(target_cfg)
     cfg = dataclasses.replace(target_cfg, dtype=dtype)
     return Target(cfg).apply({"params": head_params}, slot_states.astype(dtype), method=Target.head)
 

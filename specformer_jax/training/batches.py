@@ -7,7 +7,7 @@ import grain
 import numpy as np
 
 
-def make_example(record: dict, seq_len: int) -> dict:
+def _example(record: dict, seq_len: int) -> dict:
     """tokens int32[seq_len] (0-padded) and label_mask int32[seq_len]: 1 on answer tokens (the target's own output)."""
     ids = np.asarray(record["input_ids"][:seq_len], np.int32)
     tokens = np.zeros(seq_len, np.int32)
@@ -22,7 +22,7 @@ class _ToExample(grain.transforms.Map):
         self.seq_len = seq_len
 
     def map(self, record):
-        return make_example(record, self.seq_len)
+        return _example(record, self.seq_len)
 
 
 def training_batches(records: list[dict], *, seq_len: int, batch_size: int, steps: int, seed: int,
@@ -40,7 +40,7 @@ def training_batches(records: list[dict], *, seq_len: int, batch_size: int, step
 def eval_batches(records: list[dict], *, seq_len: int, batch_size: int, num_batches: int) -> list[dict]:
     """A fixed list of evaluation batches (same every time, so eval curves are comparable). The last batch is filled
     with all-padding rows (label_mask 0), which count for nothing."""
-    examples = [make_example(r, seq_len) for r in records[: batch_size * num_batches]]
+    examples = [_example(r, seq_len) for r in records[: batch_size * num_batches]]
     if not examples:
         return []
     blank = {"tokens": np.zeros(seq_len, np.int32), "label_mask": np.zeros(seq_len, np.int32)}

@@ -98,15 +98,15 @@ def load_records(dirs: str, setting: str = "data", for_training: bool = True) ->
     return [r for d in paths for r in read_distilled(d, for_training=for_training)]
 
 
-def is_held_out(index: int, fraction: float) -> bool:
+def _is_held_out(index: int, fraction: float) -> bool:
     """Deterministic held-out split by prompt index (stable when the data grows)."""
     h = int(hashlib.sha256(str(index).encode()).hexdigest()[:8], 16)
     return h / 0xFFFFFFFF < fraction
 
 
 def split(records: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
-    """(training records, held-out records) by `is_held_out`."""
-    held = [is_held_out(r["index"], fraction) for r in records]
+    """(training records, held-out records) by `_is_held_out`."""
+    held = [_is_held_out(r["index"], fraction) for r in records]
     return [r for r, h in zip(records, held) if not h], [r for r, h in zip(records, held) if h]
 
 

@@ -32,15 +32,15 @@ from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_pr
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
 # throughput only, so a resumed run may use another one.
 SETTINGS = ("format", "model", "dtype", "vocab_size", "max_new_tokens", "chat", "shard_size", "num_prompts",
-            "prompts_sha256", "purpose")
+            "_prompts_sha256", "purpose")
 
 
-def prompts_sha256(prompt_ids: Sequence[Sequence[int]]) -> str:
+def _prompts_sha256(prompt_ids: Sequence[Sequence[int]]) -> str:
     # Hash the token ids the model sees, so a changed tokenizer or chat template counts as a different prompt list.
     return hashlib.sha256(json.dumps([list(p) for p in prompt_ids]).encode()).hexdigest()
 
 
-def check_not_evaluation(prompts: Sequence[Prompt]) -> None:
+def _check_not_evaluation(prompts: Sequence[Prompt]) -> None:
     """Refuse text prompts from the evaluation set: training on them would inflate measured acceptance."""
     evaluation = evaluation_prompts()
     for i, p in enumerate(prompts):
@@ -51,7 +51,7 @@ def check_not_evaluation(prompts: Sequence[Prompt]) -> None:
             )
 
 
-def check_fits(model: LoadedTarget, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def _check_fits(model: LoadedTarget, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> None:
     # generate() checks this too, but only when it reaches the prompt's shard, possibly hours into the run.
     for i, p in enumerate(prompt_ids):
         if len(p) + max_new_tokens > model.cfg.max_position:
@@ -61,7 +61,7 @@ def check_fits(model: LoadedTarget, prompt_ids: Sequence[Sequence[int]], max_new
             )
 
 
-def open_out_dir(out_dir: Path, settings: dict) -> None:
+def _open_out_dir(out_dir: Path, settings: dict) -> None:
     """Create `out_dir`, or check that the data already in it was made with the same settings."""
     if out_dir.exists() and not out_dir.is_dir():
         raise SpecformerError(f"output path {out_dir} exists and is not a directory")
@@ -125,16 +125,16 @@ def distill(
     if purpose not in PURPOSES:
         raise SpecformerError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
     if purpose == "train":
-        check_not_evaluation(prompts)
+        _check_not_evaluation(prompts)
     prompt_ids = encode_prompts(model, prompts, chat)
-    check_fits(model, prompt_ids, max_new_tokens)
+    _check_fits(model, prompt_ids, max_new_tokens)
     out_dir = Path(out_dir)
     settings = {
         "format": FORMAT, "model": str(Path(model.source).resolve()), "dtype": model.cfg.dtype,
         "vocab_size": model.cfg.vocab_size, "max_new_tokens": max_new_tokens, "chat": chat, "shard_size": shard_size,
-        "num_prompts": len(prompt_ids), "prompts_sha256": prompts_sha256(prompt_ids), "purpose": purpose,
+        "num_prompts": len(prompt_ids), "_prompts_sha256": _prompts_sha256(prompt_ids), "purpose": purpose,
     }
-    open_out_dir(out_dir, settings)
+    _open_out_dir(out_dir, settings)
     shards = [prompt_ids[k : k + shard_size] for k in range(0, len(prompt_ids), shard_size)]
     done = set(write_manifest(out_dir, settings, len(shards)))
     if progress and done:

@@ -25,8 +25,14 @@ from specformer_jax.errors import SpecformerError
 
 @functools.cache
 def _words() -> dict:
-    """The word lists and templates (topic_templates: template, name of its topic list, whether STYLES apply)."""
-    return json.loads(BUILTIN_PROMPTS.read_text(encoding="utf-8"))
+    """The word lists and templates (topic_templates: template, name of its topic list, whether the styles apply).
+    Texts of several lines are stored as lists of lines."""
+    w = json.loads(BUILTIN_PROMPTS.read_text(encoding="utf-8"))
+    text = lambda x: "\n".join(x) if isinstance(x, list) else x
+    w["topic_templates"] = [{**t, "template": text(t["template"])} for t in w["topic_templates"]]
+    w["snippets"] = [text(s) for s in w["snippets"]]
+    w["buggy_code"] = [(task, text(code)) for task, code in w["buggy_code"]]
+    return w
 
 
 def _topic_prompts(w: dict) -> list[str]:

@@ -40,7 +40,7 @@ def user_turn_prefix(model: LoadedTarget) -> list[int]:
     return tok.encode(text[: text.index(SENTINEL)], add_special_tokens=False)
 
 
-def usable(text: str, ids: list[int], eos_ids: tuple[int, ...]) -> bool:
+def _usable(text: str, ids: list[int], eos_ids: tuple[int, ...]) -> bool:
     """A finished request (the model ended the turn) of some substance."""
     return bool(ids) and ids[-1] in eos_ids and len(text.strip()) >= MIN_CHARS
 
@@ -96,7 +96,7 @@ def sample_prompts(
             added = 0
             for text, ids in zip(result.texts, result.token_ids):
                 key = normalise_prompt(text)
-                if len(records) < num and usable(text, ids, model.eos_ids) and key not in seen \
+                if len(records) < num and _usable(text, ids, model.eos_ids) and key not in seen \
                         and not is_evaluation_prompt(text, evaluation):
                     seen.add(key)
                     records.append({"prompt": text.strip(), "round": round_})
