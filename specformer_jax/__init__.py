@@ -2,23 +2,42 @@
 own answers, and decoding that drafts K tokens per round, entirely on the device.
 
 The public API is what this module exports (docs/decoding.md, docs/training.md); the submodules are the library's
-layers: modeling (the Flax target and drafter), checkpoints (loading), decoding, training, bench, cli.
+layers: modeling (the Flax target and drafter), checkpoints (loading), decoding, training, bench, cli. Each name is
+imported on first use, so a `specformer` command loads only the layers it runs.
 """
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter
-from specformer_jax.checkpoints.loader import LoadedTarget, load_target
-from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.decoding.api import GenerationResult, generate
-from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen
-from specformer_jax.errors import SpecformerError
-from specformer_jax.training.dataset import read_distilled
-from specformer_jax.training.distill import distill
-from specformer_jax.training.evaluate import evaluate_drafter
-from specformer_jax.training.self_prompts import sample_prompts
-from specformer_jax.training.train_config import TrainConfig, load_train_config
-from specformer_jax.training.trainer import train
+import importlib
 
-__all__ = ["AutoDraftLen", "DecodeRecords", "DrafterConfig", "GenerationResult", "LoadedDrafter", "LoadedTarget",
-           "SpecformerError", "TargetConfig", "TrainConfig", "distill", "evaluate_drafter", "generate",
-           "load_drafter", "load_target", "load_train_config", "read_distilled", "sample_prompts", "train"]
+_EXPORTS = {
+    "AutoDraftLen": "specformer_jax.decoding.tuner",
+    "DecodeRecords": "specformer_jax.decoding.records",
+    "DrafterConfig": "specformer_jax.config",
+    "GenerationResult": "specformer_jax.decoding.api",
+    "LoadedDrafter": "specformer_jax.checkpoints.drafter_io",
+    "LoadedTarget": "specformer_jax.checkpoints.loader",
+    "SpecformerError": "specformer_jax.errors",
+    "TargetConfig": "specformer_jax.config",
+    "TrainConfig": "specformer_jax.training.train_config",
+    "distill": "specformer_jax.training.distill",
+    "evaluate_drafter": "specformer_jax.training.evaluate",
+    "generate": "specformer_jax.decoding.api",
+    "load_drafter": "specformer_jax.checkpoints.drafter_io",
+    "load_target": "specformer_jax.checkpoints.loader",
+    "load_train_config": "specformer_jax.training.train_config",
+    "read_distilled": "specformer_jax.training.dataset",
+    "sample_prompts": "specformer_jax.training.self_prompts",
+    "train": "specformer_jax.training.trainer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specformer_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -50,22 +50,28 @@ class Kind:
 def integer(low: int | None = None, high: int | None = None, what: str | None = None) -> Kind:
     """Integers in [low, high] (either bound may be open-ended)."""
     named = {(None, None): "an integer", (1, None): "a positive integer", (0, None): "a non-negative integer"}
-    what = what or named.get((low, high)) or (f"an integer >= {low}" if high is None
-                                              else f"an integer in [{low}, {high}]")
+    what = what or named.get((low, high)) or f"an integer {_bounds(low, high, '[', ']')}"
     return Kind(what, lambda v: is_int(v) and (low is None or v >= low) and (high is None or v <= high), int)
 
 
-def number(low: float | None = None, high: float | None = None, above: bool = False, below: bool = False) -> Kind:
+def number(low: float | None = None, high: float | None = None, above: bool = False, below: bool = False,
+           what: str | None = None) -> Kind:
     """Finite real numbers in [low, high]; `above`: strictly greater than low, `below`: strictly less than high."""
-    if (low, high) == (0, None):
-        what = "a positive finite number" if above else "a non-negative finite number"
-    elif low is None and high is None:
-        what = "a finite number"
-    else:
-        what = f"a finite number in {'(' if above else '['}{low}, {high}{')' if below else ']'}"
+    named = {(0, None, True): "a positive finite number", (0, None, False): "a non-negative finite number"}
+    bounds = _bounds(low, high, "(" if above else "[", ")" if below else "]")
+    what = what or named.get((low, high, above)) or f"a finite number {bounds}".rstrip()
     fits = lambda v: ((low is None or (v > low if above else v >= low))
                       and (high is None or (v < high if below else v <= high)))
     return Kind(what, lambda v: is_number(v) and fits(v), float)
+
+
+def _bounds(low, high, opening: str, closing: str) -> str:
+    """"in [low, high]", ">= low", "<= high" (strict signs for open ends) or nothing."""
+    if low is not None and high is not None:
+        return f"in {opening}{low}, {high}{closing}"
+    if low is not None:
+        return f"{'>' if opening == '(' else '>='} {low}"
+    return f"{'<' if closing == ')' else '<='} {high}" if high is not None else ""
 
 
 POSITIVE_INT = integer(1)

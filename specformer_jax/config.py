@@ -190,7 +190,7 @@ class DrafterConfig:
     next_token_input: bool = False
 
     def __post_init__(self):
-        POSITIVE_INT.check("num_slots", self.num_slots)
+        object.__setattr__(self, "num_slots", POSITIVE_INT.check("num_slots", self.num_slots))
         if isinstance(self.hooks, list):
             object.__setattr__(self, "hooks", tuple(self.hooks))
         if self.hooks is not None and not (isinstance(self.hooks, tuple) and all(map(is_int, self.hooks))):
@@ -198,7 +198,8 @@ class DrafterConfig:
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
         if self.intermediate_size is not None:
-            POSITIVE_INT.check("intermediate_size", self.intermediate_size)
+            object.__setattr__(self, "intermediate_size", POSITIVE_INT.check("intermediate_size",
+                                                                             self.intermediate_size))
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
         L = target.num_layers

@@ -145,7 +145,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     watchdog.start()
     try:
         jax.distributed.initialize(**setup.jax_kwargs())
-    except Exception as e:  # noqa: BLE001 - JAX raises RuntimeError/ValueError/XlaRuntimeError; all are setup errors
+    except Exception as e:  # JAX raises RuntimeError, ValueError or XlaRuntimeError: all are setup errors
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SpecformerError(f"could not start the multi-process run ({setup.describe()}): {first}") from None
     finally:

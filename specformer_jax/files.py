@@ -105,20 +105,24 @@ def read_json(path: Path, what: str = "file"):
 
 
 def probe_writable(path: Path, directory: bool = False) -> Path:
-    """Refuse, before any work, an output path that could not be written: an existing path of the other kind (a
-    directory where a file goes), a path under a file, or a place where the OS refuses to create a file (permissions,
-    a read-only or virtual file system such as /proc). Creates and removes a file in the nearest existing directory."""
-    path = Path(path)
-    if path.exists() and path.is_dir() != directory:
-        raise SpecformerError(f"{path} exists and is not a {'directory' if directory else 'file'}")
-    parent = next((a for a in path.absolute().parents if a.exists()), Path(path.absolute().anchor))
-    if not parent.is_dir():
-        raise SpecformerError(f"{path} lies under {parent}, which is a file")
-    probe_dir = path if directory and path.exists() else parent
+    """Refuse, before any work, an output path that could not be written: an existing path of another kind (a
+    directory or a device where a file goes), a file the user made read-only, a path under a file, or a place where
+    the OS refuses to create a file (permissions, a read-only or virtual file system such as /proc). Creates and
+    removes a file in the directory the output goes to (or its nearest existing ancestor)."""
+    path, doing = Path(path), "cannot write there"
     try:
+        if path.exists() and not (path.is_dir() if directory else path.is_file()):
+            raise SpecformerError(f"{path} exists and is not a {'directory' if directory else 'file'}")
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise SpecformerError(f"{path}: permission denied (the file is read-only)")
+        parent = next((a for a in path.absolute().parents if a.exists()), Path(path.absolute().anchor))
+        if not parent.is_dir():
+            raise SpecformerError(f"{path} lies under {parent}, which is a file")
+        probe_dir = path if directory and path.exists() else parent
+        doing = f"cannot create a file in {probe_dir}"
         fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".specformer-probe-")
         os.close(fd)
         os.unlink(probe)
-    except OSError as e:
-        raise SpecformerError(f"{path}: cannot create a file in {probe_dir} ({e.strerror or e})") from None
+    except OSError as e:  # a parent that cannot be searched, a name too long, a file system that takes no files
+        raise SpecformerError(f"{path}: {doing} ({e.strerror or e})") from None
     return path

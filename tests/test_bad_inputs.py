@@ -345,3 +345,11 @@ def write_ids(tmp_path, ids):
     path = tmp_path / "ids.jsonl"
     path.write_text(json.dumps({"input_ids": ids}) + "\n")
     return path
+
+
+def test_tensors_of_gguf_files_are_named_as_the_file_names_them():
+    """A NaN in a GGUF file is reported under the file's own tensor name (blk.N.attn_q.weight, ...)."""
+    from specformer_jax.checkpoints.gguf_io import _GLOBAL_NAMES, _LAYER_NAMES, _hf_name, gguf_name
+
+    names = list(_GLOBAL_NAMES) + [f"blk.7.{name}" for name in _LAYER_NAMES]
+    assert [gguf_name(_hf_name(n)) for n in names] == names

@@ -44,6 +44,9 @@ def test_records_equal_greedy_generate(model, tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["shards_done"] == [0, 1, 2]
     assert manifest["num_prompts"] == 6 and manifest["vocab_size"] == 128 and manifest["max_new_tokens"] == 8
+    # the manifest's fields are the on-disk format (specformer-distill-v1): earlier runs resume against them
+    assert sorted(manifest) == ["chat", "complete", "dtype", "format", "max_new_tokens", "model", "num_prompts",
+                                "num_shards", "prompts_sha256", "purpose", "shard_size", "shards_done", "vocab_size"]
 
 
 def test_resume_after_interruption_gives_the_same_files(model, tmp_path, monkeypatch):

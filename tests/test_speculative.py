@@ -151,7 +151,7 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     assert main(base + ["--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert [r["token_ids"] for r in spec["results"]] == [r["token_ids"] for r in plain["results"]]
-    default_k = 1 if jax.default_backend() == "cpu" else 3  # draft_len.default_draft_len
+    default_k = 1 if jax.default_backend() == "cpu" else 3  # tuner.default_draft_len
     assert len(spec["stats"]["acceptance_rate_per_slot"]) == default_k and "mean_accepted_length" not in plain["stats"]
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
 

@@ -276,7 +276,7 @@ def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):
 
 @pytest.mark.slow
 def test_decoding_accepted_length_is_what_speculative_decoding_reports(tmp_path):
-    from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER
+    from specformer_jax.assets import DEFAULT_DRAFTER
 
     model = load_target("default")
     drafter = load_drafter(DEFAULT_DRAFTER, model)

@@ -21,8 +21,8 @@ import numpy as np
 from specformer_jax.config import DrafterConfig, TargetConfig
 
 # Published per-chip limits: HBM bandwidth (GB/s), dense bf16 matmul peak and float32 matmul peak (TFLOP/s). A
-# float32 model decodes at full precision (decode_precision in decoding/api.py): on GPUs the FP32 units, not TF32;
-# on TPUs XLA's six bf16 passes, so a sixth of the bf16 peak.
+# float32 model decodes at full precision (DecodePlan.precision in decoding/runner.py): on GPUs the FP32 units, not
+# TF32; on TPUs XLA's six bf16 passes, so a sixth of the bf16 peak.
 DEVICE_SPECS = {
     "NVIDIA H100 80GB HBM3": (3350.0, 989.0, 67.0),
     "NVIDIA H100": (3350.0, 989.0, 67.0),

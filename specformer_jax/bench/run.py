@@ -34,15 +34,17 @@ KEEP = ("tokens_per_second", "run_seconds", "num_generated", "decode_steps", "dr
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
-                  batch_sizes: list[int], draft_len: int | str | None, max_new_tokens: int, repeats: int = 3,
+                  batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
+                  repeats: int = 3,
                   mesh=None, records: DecodeRecords | None = None, log=sys.stderr,
                   on_progress: Callable[[dict], None] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
     speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`)."""
-    shown = draft_len if draft_len is not None else (default_draft_len(drafter) if drafter else 0)
     if drafter is not None:  # checked before the first (plain) pass, not after it
         draft_len = check_draft_len(drafter, AutoDraftLen(records) if draft_len == "auto" else draft_len)
+    shown = ("auto" if isinstance(draft_len, AutoDraftLen) else draft_len if draft_len is not None
+             else default_draft_len(drafter) if drafter else 0)
     doc = {
         "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter
         "draft_len": shown,

@@ -45,6 +45,18 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def gguf_name(hf: str) -> str:
+    """The GGUF name of a tensor given its Hugging Face name (the inverse of _hf_name)."""
+    by_hf = {h: g for g, h in _GLOBAL_NAMES.items()}
+    parts = hf.split(".", 3)
+    if hf in by_hf:
+        return by_hf[hf]
+    layer = {h: g for g, h in _LAYER_NAMES.items()}
+    if hf.startswith("model.layers.") and len(parts) == 4 and parts[3] in layer:
+        return f"blk.{parts[2]}.{layer[parts[3]]}"
+    return hf
+
+
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's per-head row interleaving of q/k (its RoPE layout) to get the HF rotate-half layout."""
     rows = w.shape[0]

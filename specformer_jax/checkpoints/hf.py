@@ -72,7 +72,7 @@ def _tokenizer(directory: Path):
             _read_json(directory / name)
     try:
         return AutoTokenizer.from_pretrained(str(directory))
-    except Exception as e:  # noqa: BLE001 - transformers raises many types for files it cannot use
+    except Exception as e:  # transformers raises many types for files it cannot use
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise SpecformerError(f"cannot build a tokenizer from {directory}: {first}") from None
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from pallas_kernels import resolve as resolve_attention
 from specformer_jax.checkpoints.convert import hf_name
 from specformer_jax.checkpoints.default import default_model_path
-from specformer_jax.checkpoints.gguf_io import load_gguf
+from specformer_jax.checkpoints.gguf_io import gguf_name, load_gguf
 from specformer_jax.checkpoints.hf import load_hf
 from specformer_jax.config import TargetConfig
 from specformer_jax.errors import SpecformerError
@@ -60,7 +60,7 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     except ValueError as e:
         raise SpecformerError(str(e)) from None
     params = jax.tree.map(jnp.asarray, params)
-    refuse_non_finite(params, path, hf_name)
+    refuse_non_finite(params, path, hf_name if path.is_dir() else lambda p, layer: gguf_name(hf_name(p, layer)))
     return LoadedTarget(cfg, params, tok, eos, str(path))
 
 

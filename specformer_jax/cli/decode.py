@@ -77,7 +77,8 @@ def run_generate(args) -> int:
 def _chosen_drafter(args, model):
     """The drafter to decode with, or None for plain decoding: with no --drafter, the shipped one goes with the
     default model."""
-    from specformer_jax.checkpoints.drafter_io import DEFAULT_DRAFTER, load_drafter
+    from specformer_jax.assets import DEFAULT_DRAFTER
+    from specformer_jax.checkpoints.drafter_io import load_drafter
 
     choice = args.drafter
     if choice is None:

@@ -62,8 +62,8 @@ def run_eval_drafter(args) -> int:
 
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
-    records = records_to_score(args.data, drafter.meta.get("train_config"), args.all)
     check_vocabulary([args.data], target.cfg.vocab_size)  # evaluate_drafter checks the scored records' ids
+    records = records_to_score(args.data, drafter.meta.get("train_config"), args.all)
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size,
                               progress=True)
     if args.save:

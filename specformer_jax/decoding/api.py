@@ -99,6 +99,7 @@ def generate(
         stats["draft_len"] = plan.draft_len
     if auto is not None:
         stats["draft_len_auto"] = auto.to_json()
+    stats.update(run.speculative_stats())
     if records is not None and plan.speculative:
         _record(records, model, drafter, sampling, B, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None

@@ -124,14 +124,17 @@ class DecodeRun:
     rows: dict[str, list]  # speculative only: per row "row_rounds", "row_emitted", "accepted" [k]
 
     def stats(self) -> dict:
+        """Counts and times of the run."""
         num_generated = sum(map(len, self.token_ids))
-        stats = {"num_prompts": len(self.token_ids), "num_generated": num_generated,
-                 "tokens_per_second": num_generated / self.run_seconds if self.run_seconds else 0.0,
-                 "run_seconds": self.run_seconds, "compile_seconds": self.compile_seconds, "decode_steps": self.steps}
-        if self.rows:
-            stats.update(_speculative_stats(self.rows))
-            stats["batch_accepted_length"] = self.plain_steps / max(self.steps, 1)
-        return stats
+        return {"num_prompts": len(self.token_ids), "num_generated": num_generated,
+                "tokens_per_second": num_generated / self.run_seconds if self.run_seconds else 0.0,
+                "run_seconds": self.run_seconds, "compile_seconds": self.compile_seconds, "decode_steps": self.steps}
+
+    def speculative_stats(self) -> dict:
+        """Acceptance of a speculative run (empty for plain decoding), the batch's accepted length included."""
+        if not self.rows:
+            return {}
+        return {**_speculative_stats(self.rows), "batch_accepted_length": self.plain_steps / max(self.steps, 1)}
 
 
 def _speculative_stats(rows: dict[str, list]) -> dict:

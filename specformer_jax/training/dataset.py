@@ -128,7 +128,7 @@ def check_vocabulary(out_dirs: list[Path], vocab_size: int) -> None:
     """Refuse data distilled from a target with another vocabulary (its manifest says; check_token_ids checks the
     records themselves)."""
     for d in out_dirs:
-        theirs = read_manifest(Path(d)).get("vocab_size")  # a hand-made manifest may lack it
+        theirs = (read_manifest(Path(d)) or {}).get("vocab_size")  # no manifest: read_distilled says so
         if theirs not in (None, vocab_size):
             raise SpecformerError(f"{d} was distilled from a target with a vocabulary of {theirs} tokens; this target "
                                   f"has {vocab_size}: distill data with this model")

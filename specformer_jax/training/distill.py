@@ -32,7 +32,7 @@ from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_pr
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
 # throughput only, so a resumed run may use another one.
 SETTINGS = ("format", "model", "dtype", "vocab_size", "max_new_tokens", "chat", "shard_size", "num_prompts",
-            "_prompts_sha256", "purpose")
+            "prompts_sha256", "purpose")
 
 
 def _prompts_sha256(prompt_ids: Sequence[Sequence[int]]) -> str:
@@ -132,7 +132,7 @@ def distill(
     settings = {
         "format": FORMAT, "model": str(Path(model.source).resolve()), "dtype": model.cfg.dtype,
         "vocab_size": model.cfg.vocab_size, "max_new_tokens": max_new_tokens, "chat": chat, "shard_size": shard_size,
-        "num_prompts": len(prompt_ids), "_prompts_sha256": _prompts_sha256(prompt_ids), "purpose": purpose,
+        "num_prompts": len(prompt_ids), "prompts_sha256": _prompts_sha256(prompt_ids), "purpose": purpose,
     }
     _open_out_dir(out_dir, settings)
     shards = [prompt_ids[k : k + shard_size] for k in range(0, len(prompt_ids), shard_size)]

@@ -76,8 +76,12 @@ class TrainConfig:
         hints = typing.get_type_hints(TrainConfig)
         for field in dataclasses.fields(self):  # the types of text, flags and lists, then every number's range
             object.__setattr__(self, field.name, _coerce(field.name, getattr(self, field.name), hints[field.name]))
-        for name, kind in {**_NUMBERS, "min_lr": number(0, self.lr if is_number(self.lr) else None)}.items():
+        lr = self.lr if is_number(self.lr) else None
+        for name, kind in {**_NUMBERS, "min_lr": number(0, lr, what=f"a finite number in [0, lr] = [0, {lr}]")}.items():
             object.__setattr__(self, name, kind.check(name, getattr(self, name)))
+        if self.intermediate_size is not None:
+            object.__setattr__(self, "intermediate_size", POSITIVE_INT.check("intermediate_size",
+                                                                             self.intermediate_size))
         self.drafter()  # validates num_slots / slot_attention / intermediate_size
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
@@ -108,7 +112,7 @@ def _coerce(name: str, value, hint):
     if base is tuple or typing.get_origin(base) is tuple:
         if not (isinstance(value, (list, tuple)) and all(map(is_int, value))):
             raise SpecformerError(f"{name} must be a list of integers, got {value!r}")
-        return tuple(value)
+        return tuple(int(v) for v in value)
     if base is float:
         try:
             return float(value)

@@ -169,6 +169,7 @@ class _Run:
     target: LoadedTarget  # parameters placed on the mesh
     mesh: object
     tx: optax.GradientTransformation
+    start: dict  # the drafter's parameters to start from (init_from or random)
     state_shardings: TrainState
     train_step: Callable
     eval_step: Callable
@@ -214,8 +215,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> d
     return _export(run, state, last_eval)
 
 
-def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict], list[dict]]:
-    """(training records, evaluation records), checked against the settings before anything heavy happens."""
+def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict], list[dict], list[dict]]:
+    """(every record of `data`, the training records, the evaluation records), checked against the settings before
+    anything heavy happens."""
     ckpt_dir = out / "checkpoints"
     if out.exists() and not out.is_dir():
         raise SpecformerError(f"out {cfg.out} exists and is not a directory")
@@ -223,7 +225,8 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
         raise SpecformerError(f"{out} already has checkpoints: pass --resume to continue, or choose another out")
     if resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
         raise SpecformerError(f"--resume: no checkpoint under {ckpt_dir}")
-    train_recs, held_out = split(load_records(cfg.data), cfg.eval_fraction)
+    records = load_records(cfg.data)
+    train_recs, held_out = split(records, cfg.eval_fraction)
     eval_recs = held_out if cfg.eval_data is None else load_records(cfg.eval_data, "eval_data", for_training=False)
     if train_recs and all(r["prompt_len"] >= cfg.seq_len for r in train_recs):
         raise SpecformerError(f"seq_len {cfg.seq_len} leaves no answer token to learn from: every training prompt is "
@@ -237,7 +240,7 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
         check_scorable(scored, cfg.seq_len, cfg.num_slots, f"the periodic eval's data ({cfg.eval_data or 'held out'})")
     if resume:
         _check_resumable(out, cfg)
-    return train_recs, eval_recs
+    return records, train_recs, eval_recs
 
 
 def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
@@ -246,13 +249,13 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
         raise SpecformerError("cfg must be a TrainConfig (load_train_config(path, overrides)), "
                               f"got {type(cfg).__name__}")
     out = Path(cfg.out).absolute()
-    train_recs, eval_recs = _prepared_data(cfg, out, resume)
+    records, train_recs, eval_recs = _prepared_data(cfg, out, resume)
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)
     check_vocabulary(data_dirs(cfg.data) + data_dirs(cfg.eval_data), target.cfg.vocab_size)
-    held_out = eval_recs if cfg.eval_data is None else []  # the rest of cfg.data's records
-    check_token_ids(train_recs + held_out, target.cfg.vocab_size, cfg.data)
+    check_token_ids(records, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
+    start = initial_params(cfg, target)  # a bad init_from fails here, before anything is written
     mesh, tx = make_mesh(cfg.mesh), make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh)
     data = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
@@ -264,15 +267,14 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     # Every process takes part in checkpoint saves and restores (each writes its own shards; orbax coordinates).
     manager = ocp.CheckpointManager(out / "checkpoints", options=ocp.CheckpointManagerOptions(
         max_to_keep=cfg.keep_checkpoints, create=True))
-    return _Run(cfg, out, target, mesh, tx, state_sh, train_step, eval_step, data, evals, manager,
+    return _Run(cfg, out, target, mesh, tx, start, state_sh, train_step, eval_step, data, evals, manager,
                 jax.process_index() == 0)
 
 
 def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
     """The initial state (init_from or random), or the latest checkpoint's with the data iterator moved to match."""
     cfg = run.cfg
-    params = initial_params(cfg, run.target)
-    state = put_global(TrainState(jnp.int32(0), params, run.tx.init(params)), run.state_shardings)
+    state = put_global(TrainState(jnp.int32(0), run.start, run.tx.init(run.start)), run.state_shardings)
     if resume:
         step = run.manager.latest_step()
         try:
@@ -291,6 +293,7 @@ def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
             print(f"specformer: resuming {run.out} from its checkpoint at step {step} of {cfg.steps}", file=sys.stderr)
     run.out.mkdir(parents=True, exist_ok=True)
     if run.is_main:
+        open(run.out / "metrics.jsonl", "a").close()  # appended to at every logged step: unwritable shows now
         (run.out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     return state
 
