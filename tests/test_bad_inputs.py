@@ -310,6 +310,8 @@ def test_outputs_the_os_cannot_create_are_refused_before_the_model_loads(cli_err
         line = cli_error(argv)
         assert "/proc/" in line and "cannot create a file in /proc" in line, line
     assert not (tmp_path / "b.json").exists()
+    # a device where a file goes would be replaced by a regular file (atomic writes rename over the target)
+    assert "/dev/null exists and is not a file" in cli_error(["report", str(tmp_path / "r.json"), "--out", "/dev/null"])
 
 
 @pytest.mark.parametrize("where", ["embedding row", "one layer"])
