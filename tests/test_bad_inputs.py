@@ -241,24 +241,16 @@ def test_distill_checks_its_arguments_before_writing(tiny_model, tmp_path):
     assert not (tmp_path / "d").exists()  # a rerun with a good value is not refused as "other settings"
 
 
-def test_a_prompt_with_a_lone_surrogate(cli_error, tmp_path, tiny_model, monkeypatch):
+def test_a_prompt_with_a_lone_surrogate(cli_error, tmp_path, tiny_checkpoints):
     """JSON can spell a lone surrogate ("\\ud800"); no tokenizer takes it (a TypeError deep in tokenizers)."""
-    from specformer_jax.checkpoints.loader import LoadedTarget
-
+    d = copy_checkpoint(tiny_checkpoints["llama3"], tmp_path / "m")
+    save_a_tokenizer(d)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "x \\ud800 y"}\n')
-    line = cli_error(["generate", "--prompts-file", str(prompts)])
-    assert "prompt 0 is not valid Unicode text: character 2 is a lone surrogate ('\\ud800')" in line
-    with_tokenizer = LoadedTarget(tiny_model.cfg, tiny_model.params, load_default_tokenizer(), (2,), "tiny")
-    with pytest.raises(SpecformerError, match="prompt 1 is not valid Unicode text"):
-        generate(with_tokenizer, ["fine", "x \udcff"], max_new_tokens=2)
-
-
-def load_default_tokenizer():
-    from specformer_jax.checkpoints.default import default_model_path
-    from specformer_jax.checkpoints.gguf_io import _tokenizer
-
-    return _tokenizer(default_model_path())
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "x \\ud800 y"}\n')
+    line = cli_error(["generate", "--model", str(d), "--prompts-file", str(prompts)])
+    assert "prompt 1 is not valid Unicode text: character 2 is a lone surrogate ('\\ud800')" in line
+    with pytest.raises(SpecformerError, match="prompt 0 is not valid Unicode text"):
+        generate(load_target(d), ["x \udcff"], max_new_tokens=2)
 
 
 def save_a_tokenizer(directory):

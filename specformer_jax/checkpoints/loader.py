@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -76,13 +77,18 @@ def refuse_non_finite(params, source, name: Callable[[tuple[str, ...], int | Non
     for stacked layers, the layer): they decode to silent garbage. One compiled reduction over every tensor, cheap
     next to reading the file; stacked layers (under "layers") are reduced per layer."""
     paths = [tuple(str(getattr(k, "key", k)) for k in p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
-    stacked = [p[0] == "layers" for p in paths]
-    finite = jax.jit(lambda xs: [jnp.isfinite(x).reshape(x.shape[0], -1).all(1) if s else jnp.isfinite(x).all()
-                                 for x, s in zip(xs, stacked)])(jax.tree.leaves(params))
-    for path, s, ok in zip(paths, stacked, jax.device_get(finite)):
+    stacked = tuple(p[0] == "layers" for p in paths)
+    for path, s, ok in zip(paths, stacked, jax.device_get(_finite(jax.tree.leaves(params), stacked))):
         bad = [i for i, good in enumerate(ok.reshape(-1)) if not good]
         if bad:
             raise SpecformerError(f"{source}: tensor {name(path, bad[0] if s else None)} holds NaN or infinite values")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _finite(leaves, stacked: tuple[bool, ...]):
+    """Per tensor: whether all its values are finite (per layer for stacked ones)."""
+    return [jnp.isfinite(x).reshape(x.shape[0], -1).all(1) if s else jnp.isfinite(x).all()
+            for x, s in zip(leaves, stacked)]
 
 
 def _check_shapes(cfg: TargetConfig, params, path) -> None:
