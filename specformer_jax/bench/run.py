@@ -42,7 +42,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
     speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`)."""
     if drafter is not None:  # checked before the first (plain) pass, not after it
-        draft_len = check_draft_len(drafter, AutoDraftLen(records) if draft_len == "auto" else draft_len)
+        draft_len = check_draft_len(drafter, draft_len, records)
     shown = ("auto" if isinstance(draft_len, AutoDraftLen) else draft_len if draft_len is not None
              else default_draft_len(drafter) if drafter else 0)
     doc = {

@@ -76,7 +76,7 @@ def generate(
         raise SpecformerError(f"records must be a DecodeRecords, got {type(records).__name__}")
     if drafter is not None:
         check_drafter_fits(drafter, model.cfg)
-    draft_len = check_draft_len(drafter, AutoDraftLen(records) if draft_len == "auto" else draft_len)
+    draft_len = check_draft_len(drafter, draft_len, records)
     mesh = _checked_mesh(mesh)
     ids = encode_prompts(model, prompts, chat)
     _check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position)

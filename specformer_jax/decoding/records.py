@@ -93,20 +93,22 @@ class DecodeRecords:
             self._put("batch_rounds", key, {f"{b},{k}": e for (b, k), e in entries.items()})
 
     def _tables(self) -> dict:
+        """Every table, each a dict (a missing, unreadable or damaged file or table holds nothing)."""
         if self.path is None:
-            return self._memory
-        try:
-            tables = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # missing, unreadable or damaged: nothing recorded
-            return {}
-        return tables if isinstance(tables, dict) else {}
+            found = self._memory
+        else:
+            try:
+                found = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                found = {}
+        found = found if isinstance(found, dict) else {}
+        return {name: found[name] if isinstance(found.get(name), dict) else {} for name in TABLES}
 
     def _table(self, name: str) -> dict:
-        table = self._tables().get(name)
-        return table if isinstance(table, dict) else {}
+        return self._tables()[name]
 
     def _put(self, name: str, key: str, entry) -> None:
-        tables = {t: self._table(t) for t in TABLES}
+        tables = self._tables()
         tables[name] = {**tables[name], key: entry}
         if self.path is None:
             self._memory = tables

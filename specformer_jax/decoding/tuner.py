@@ -63,11 +63,12 @@ class AutoDraftLen:
         return cost_model.predict(costs, acceptance, source, batches, self.margin)
 
 
-def check_draft_len(drafter: LoadedDrafter | None, draft_len) -> int | AutoDraftLen | None:
+def check_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
+                    ) -> int | AutoDraftLen | None:
     """A draft length this drafter can decode with, checked before any compilation: None (the default), an integer
-    in 0..slots, "auto" (an AutoDraftLen in memory) or an AutoDraftLen."""
-    if draft_len == "auto":
-        draft_len = AutoDraftLen()
+    in 0..slots, or an AutoDraftLen; "auto" is an AutoDraftLen over `records`."""
+    if isinstance(draft_len, str) and draft_len == "auto":
+        draft_len = AutoDraftLen(records)
     if isinstance(draft_len, AutoDraftLen):
         if drafter is not None:
             drafter_acceptance(drafter)
