@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT, SEED
-from specformer_jax.decoding.encode import Prompt, checked_prompts, encode_prompts
+from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.runner import DecodeRun, make_plan, run_batches
 from specformer_jax.decoding.sampling import SamplingConfig
@@ -79,7 +79,7 @@ def generate(
     draft_len = check_draft_len(drafter, draft_len, records)
     mesh = _checked_mesh(mesh)
     ids = encode_prompts(model, prompts, chat)
-    _check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position)
+    check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position, "cache positions but the cache holds")
     B = min(batch_size, len(ids))
     if mesh is not None:
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -120,13 +120,6 @@ def _checked_mesh(mesh) -> Mesh | None:
         raise SpecformerError("mesh must have the axes data, fsdp and tensor: make it with "
                               "specformer_jax.parallel.make_mesh (or pass its spec, e.g. \"data=4,tensor=2\")")
     return mesh
-
-
-def _check_fits(ids: list[list[int]], max_new_tokens: int, limit: int) -> None:
-    for i, p in enumerate(ids):
-        if len(p) + max_new_tokens > limit:
-            raise SpecformerError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
-                                  f"{len(p) + max_new_tokens} cache positions but the cache holds {limit}")
 
 
 def _placed(model: LoadedTarget, drafter: LoadedDrafter | None, mesh: Mesh | None):

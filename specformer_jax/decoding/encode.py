@@ -44,6 +44,15 @@ def encode_prompts(model: LoadedTarget, prompts: Sequence[Prompt], chat: bool = 
     return out
 
 
+def check_fits(ids: list[list[int]], max_new_tokens: int, limit: int, limit_is: str) -> None:
+    """Refuse a prompt that with max_new_tokens answer tokens needs more than `limit` positions; `limit_is` names
+    the limit in the message ("cache positions but the cache holds")."""
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > limit:
+            raise SpecformerError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                                  f"{len(p) + max_new_tokens} {limit_is} {limit}")
+
+
 def _encoded_text(model: LoadedTarget, i: int, text: str, chat: bool) -> list[int]:
     tok = model.tokenizer
     if tok is None:

@@ -23,7 +23,7 @@ from specformer_jax.assets import EVAL_PROMPTS
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.encode import Prompt, encode_prompts
+from specformer_jax.decoding.encode import Prompt, check_fits, encode_prompts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
 from specformer_jax.training.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
@@ -48,16 +48,6 @@ def _check_not_evaluation(prompts: Sequence[Prompt]) -> None:
             raise SpecformerError(
                 f"prompt {i} ({p[:60]!r}) is an evaluation prompt from {EVAL_PROMPTS.name}; "
                 "evaluation prompts must not be used as training data"
-            )
-
-
-def _check_fits(model: LoadedTarget, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-    # generate() checks this too, but only when it reaches the prompt's shard, possibly hours into the run.
-    for i, p in enumerate(prompt_ids):
-        if len(p) + max_new_tokens > model.cfg.max_position:
-            raise SpecformerError(
-                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
-                f"{len(p) + max_new_tokens} positions but the model's context is {model.cfg.max_position}"
             )
 
 
@@ -127,7 +117,8 @@ def distill(
     if purpose == "train":
         _check_not_evaluation(prompts)
     prompt_ids = encode_prompts(model, prompts, chat)
-    _check_fits(model, prompt_ids, max_new_tokens)
+    # generate() checks this too, but only when it reaches the prompt's shard, possibly hours into the run
+    check_fits(prompt_ids, max_new_tokens, model.cfg.max_position, "positions but the model's context is")
     out_dir = Path(out_dir)
     settings = {
         "format": FORMAT, "model": str(Path(model.source).resolve()), "dtype": model.cfg.dtype,
