@@ -21,6 +21,7 @@ _EXPORTS = {
     "distill": "specformer_jax.training.distill",
     "evaluate_drafter": "specformer_jax.training.evaluate",
     "generate": "specformer_jax.decoding.api",
+    "generate_stream": "specformer_jax.decoding.api",
     "load_drafter": "specformer_jax.checkpoints.drafter_io",
     "load_target": "specformer_jax.checkpoints.loader",
     "load_train_config": "specformer_jax.training.train_config",

@@ -36,12 +36,15 @@ RULES: Mapping[str, tuple[str, ...]] = {
     "vocab": ("tensor",),
 }
 
-# (module, parameter) -> logical axes of the trailing dimensions (stacked layers add leading unsharded dims)
+# (module, parameter) -> logical axes of the trailing dimensions (stacked layers add leading unsharded dims).
+# The decoding layout's fused kernels (modeling/target.py) shard by KV head and by MLP unit like the separate ones.
 _PARAM_AXES = {
     ("q", "kernel"): ("embed", "heads"), ("k", "kernel"): ("embed", "kv_heads"),
     ("v", "kernel"): ("embed", "kv_heads"), ("o", "kernel"): ("heads", "embed"),
     ("q", "bias"): ("heads",), ("k", "bias"): ("kv_heads",), ("v", "bias"): ("kv_heads",),
+    ("qkv", "kernel"): ("embed", "kv_heads", None, None), ("qkv", "bias"): ("kv_heads", None, None),
     ("gate", "kernel"): ("embed", "mlp"), ("up", "kernel"): ("embed", "mlp"), ("down", "kernel"): ("mlp", "embed"),
+    ("gate_up", "kernel"): ("embed", None, "mlp"),
     ("embed", "embedding"): ("vocab", "embed"), ("lm_head", "kernel"): ("embed", "vocab"),
     ("fuse", "kernel"): (None, "embed"), ("expand", "kernel"): ("embed", None),
 }
@@ -117,6 +120,21 @@ def param_shardings(params, mesh: Mesh):
         return NamedSharding(mesh, _spec(mesh, leaf.shape, logical) if logical else P())
 
     return jax.tree_util.tree_map_with_path(one, params)
+
+
+def decode_state_shardings(state, mesh: Mesh):
+    """NamedShardings for a decoding pool (a pytree of ShapeDtypeStructs or arrays): rows over the batch axes, KV
+    caches [L, rows, Hkv, S, D] also heads over tensor, scalars replicated."""
+
+    def one(path, leaf):
+        names = _path_names(path)
+        if not leaf.ndim:
+            return NamedSharding(mesh, P())
+        logical = ((None, "batch", "kv_heads", None, None) if names[-1] in ("k", "v") and leaf.ndim == 5
+                   else ("batch",) + (None,) * (leaf.ndim - 1))
+        return NamedSharding(mesh, _spec(mesh, leaf.shape, logical))
+
+    return jax.tree_util.tree_map_with_path(one, state)
 
 
 def like_params(tree, params, mesh: Mesh):

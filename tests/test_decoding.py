@@ -65,11 +65,11 @@ def test_sampled_first_tokens_follow_transformers_distribution(llama, tiny_check
     assert counts[~support].sum() == 0  # nothing outside the top-k
     chi2 = scipy.stats.chisquare(counts[support], probs[support] * n)
     assert chi2.pvalue > 1e-3, chi2
-    # and the test has power: the same counts are far from the unfiltered, untempered distribution
+    # and the test has power: the same check refuses the same counts against the unfiltered, untempered distribution
     plain = np.exp(logits - logits.max())
     plain /= plain.sum()
     wrong = plain[support] / plain[support].sum() * n
-    assert scipy.stats.chisquare(counts[support], wrong).pvalue < 1e-6
+    assert scipy.stats.chisquare(counts[support], wrong).pvalue < 1e-3
 
 
 def test_per_row_eos_and_budget_match_transformers(llama, tiny_checkpoints):

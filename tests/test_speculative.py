@@ -15,8 +15,9 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import spec_generate
+from specformer_jax.decoding.scheduler import decode_requests, run_to_end
 from specformer_jax.modeling.drafter import init_drafter
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
@@ -35,19 +36,12 @@ def ar(model, prompts, **kw):
     return generate(model, prompts, max_new_tokens=N, **kw).token_ids
 
 
-def padded(prompts):
-    arr = np.zeros((len(prompts), 32), np.int32)
-    for i, p in enumerate(prompts):
-        arr[i, : len(p)] = p
-    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
-
-
 def oracle_drafts(sequences, shift=0):
     """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1). Like a drafter
     with next_token_input, it is right only when told the token after its position, so the perfect one also checks
     that the loop passes that token."""
     seqs = jnp.asarray(sequences)
-    at = lambda pos: jnp.take_along_axis(seqs, jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
+    at = lambda pos: jnp.take_along_axis(seqs[: pos.shape[0]], jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
 
     def draft(dparams, tparams, hidden, dcache, num_new, slots_at, next_tokens, k=4):
         t = dcache.lengths[:, None] + slots_at  # the drafting position
@@ -58,16 +52,20 @@ def oracle_drafts(sequences, shift=0):
     return draft
 
 
+def oracle_run(model, prompts, k, continuations, shift=0, eos_ids=(), max_new=N):
+    """Speculative decoding with oracle drafts from `continuations` (one static batch: slot i holds prompt i)."""
+    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(prompts, continuations)]
+    full += [[0] * 64] * (8 - len(full))  # the prefill block is padded to a power of two rows
+    plan = DecodePlan(model.cfg, eos_ids, GREEDY, max_new, DrafterConfig(num_slots=k), k,
+                      drafts_from=lambda *a: oracle_drafts(full, shift)(*a, k=k))
+    return run_to_end(decode_requests(plan, model.params, None, prompts, len(prompts), KEYS[: len(prompts)],
+                                      schedule="static"))
+
+
 def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
     ref = generate(dataclasses.replace(model, eos_ids=eos_ids), prompts, max_new_tokens=max_new).token_ids
-    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(prompts, ref)]
-    tokens, lens = padded(prompts)
-    fn = jax.jit(lambda p, t, l, b: spec_generate(p, None, t, l, b, KEYS[: len(prompts)], cfg=model.cfg, hooks=(),
-                                                  num_slots=k, draft_fn=lambda *a: oracle_drafts(full, shift)(*a, k=k),
-                                                  sampling=GREEDY, eos_ids=eos_ids, max_new_tokens=max_new))
-    s = fn(model.params, tokens, lens, jnp.full((len(prompts),), max_new, jnp.int32))
-    got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(len(prompts))]
-    return ref, got, s
+    run = oracle_run(model, prompts, k, ref, shift, eos_ids, max_new)
+    return ref, run.token_ids, run
 
 
 @pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])  # 7 ragged rows cover 1 (CI time)
@@ -93,15 +91,15 @@ def test_perfect_drafter_accepts_everything(model):
     ref, got, s = run_oracle(model, PROMPTS, k=4, shift=0, eos_ids=())
     assert got == ref
     # every full round emits k + 1 tokens: N - 1 tokens after the prefill token in ceil((N - 1) / 5) rounds
-    np.testing.assert_array_equal(np.asarray(s.row_rounds), -(-(N - 1) // 5))
-    assert (np.asarray(s.accepted) == np.asarray(s.row_rounds)[:, None]).all()  # every slot, every round
+    np.testing.assert_array_equal(s.rows["row_rounds"], -(-(N - 1) // 5))
+    assert (np.asarray(s.rows["accepted"]) == np.asarray(s.rows["row_rounds"])[:, None]).all()  # every slot and round
 
 
 def test_useless_drafter_accepts_nothing(model):
     ref, got, s = run_oracle(model, PROMPTS, k=4, shift=1, eos_ids=())
     assert got == ref
-    assert int(np.asarray(s.accepted).sum()) == 0
-    np.testing.assert_array_equal(np.asarray(s.row_rounds), N - 1)  # one token per round, like AR
+    assert int(np.asarray(s.rows["accepted"]).sum()) == 0
+    np.testing.assert_array_equal(s.rows["row_rounds"], N - 1)  # one token per round, like AR
 
 
 def test_eos_inside_a_round_and_budget_hit_mid_round(model):
@@ -120,15 +118,9 @@ def test_drafts_never_add_tokens_after_eos(model):
     """The oracle keeps proposing the continuation that follows EOS; none of it may be emitted."""
     free = generate(model, PROMPTS, max_new_tokens=N).token_ids
     eos = (free[2][4],)
-    ref, got, _ = run_oracle(model, PROMPTS, k=4, shift=0, eos_ids=())  # drafts continue past the EOS token
     model_eos = dataclasses.replace(model, eos_ids=eos)
     want = generate(model_eos, PROMPTS, max_new_tokens=N).token_ids
-    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(PROMPTS, free)]
-    tokens, lens = padded(PROMPTS)
-    s = spec_generate(model.params, None, tokens, lens, jnp.full((7,), N, jnp.int32), KEYS, cfg=model.cfg, hooks=(),
-                      num_slots=4, draft_fn=lambda *a: oracle_drafts(full)(*a, k=4), sampling=GREEDY, eos_ids=eos,
-                      max_new_tokens=N)
-    got = [np.asarray(s.out[i, : s.num_out[i]]).tolist() for i in range(7)]
+    got = oracle_run(model, PROMPTS, 4, free, eos_ids=eos).token_ids
     assert got == want
     for g in got:
         assert eos[0] not in g[:-1]
@@ -177,6 +169,7 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
     argv = ["bench", "--model", str(tiny_checkpoints["qwen2"]), "--drafter", str(tmp_path / "d"), "--prompts",
             str(prompts), "--batch-sizes", "1,4", "--max-new-tokens", "10", "--draft-len", "3", "--repeats", "2",
+            "--num-requests", "9", "--schedule", "both", "--chunk-rounds", "4",
             "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
     assert main(argv) == 0
     result = json.loads((tmp_path / "r.json").read_text())
@@ -185,8 +178,13 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert [r["batch_size"] for r in result["results"]] == [1, 4] and result["complete"]
     assert writes == [(1, False), (2, True)]
     for r in result["results"]:
-        assert r["output_equivalence"] == 1.0
-        for side in ("ar", "spec"):  # each side timed twice, alternating; its median reported
+        assert r["output_equivalence"] == 1.0 and r["num_rows"] == 9
+        assert set(r["continuous_over_static"]) == {"ar", "spec"} and r["speedup_static"] > 0
+        assert r["spec"]["schedule"] == "continuous" and r["spec_static"]["schedule"] == "static"
+        assert "batch_accepted_length" in r["spec_static"] and "batch_accepted_length" not in r["spec"]
+        assert 0 < r["ar"]["latency_seconds"]["p50"] <= r["ar"]["latency_seconds"]["p99"]
+        assert r["ar"]["requests_per_second"] > 0 and r["spec"]["chunk_rounds"] == 4
+        for side in ("ar", "spec", "ar_static", "spec_static"):  # each side timed twice, alternating; median
             assert len(r[side]["tokens_per_second_runs"]) == 2
             assert r[side]["tokens_per_second"] == statistics.median(r[side]["tokens_per_second_runs"])
         pairs = zip(r["spec"]["tokens_per_second_runs"], r["ar"]["tokens_per_second_runs"])

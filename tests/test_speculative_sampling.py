@@ -101,13 +101,13 @@ def test_speculative_samples_follow_the_target_distribution(model, drafter):
 
 def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch):
     """The power check of the test above: with q mishandled, the same samples fail it."""
-    real = speculative._verify
+    real = speculative.verify
 
     def ignores_q(logits, drafts, q, keys, sampling):  # treats every draft as if drawn uniformly
         return real(logits, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), keys, sampling)
 
-    monkeypatch.setattr(speculative, "_verify", ignores_q)
-    monkeypatch.setattr(runner, "COMPILED", runner.CompiledLoops())  # do not reuse the correct compiled loop
+    monkeypatch.setattr(speculative, "verify", ignores_q)
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())  # do not reuse the correct compiled ones
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
     assert chi_square_pvalue(samples, joint) < 1e-6

@@ -1,4 +1,5 @@
-"""The jitted decode loops and the train step lower for TPU (jax.export), so the TPU path is checked without a TPU."""
+"""The decoding engine's jitted chunk and refill and the train step lower for TPU (jax.export), so the TPU path is
+checked without a TPU."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 from jax import export
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.decoding.autoregressive import ar_generate
+from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.pool import empty_pool, insert
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.target import Target
@@ -39,44 +41,43 @@ def spec(shape, dtype=jnp.int32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def engine(cfg, sampling, speculative=True):
+    """The engine's chunk and refill as functions of (params, drafter params, pool[, block]), with their abstract
+    arguments."""
+    plan = DecodePlan(cfg, (2,), sampling, N, DRAFTER if speculative else None, 3 if speculative else 0, 4)
+    pool = jax.eval_shape(lambda: empty_pool(plan, B, 64))
+    dparams = jax.eval_shape(lambda: init_drafter(cfg, DRAFTER, jax.random.key(0))) if speculative else None
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
+    chunk = (lambda p, d, s: run_chunk(plan, p, d, s)), (target_params(), dparams, pool)
+    refill = (lambda p, d, s, *block: insert(plan, p, d, s, *block),
+              (target_params(), dparams, pool, spec((B, TP)), spec((B,)), spec((B,)), spec((B,)), keys))
+    return chunk, refill
+
+
+@pytest.mark.parametrize("speculative", [False, True])
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, 20, 0.9)])
-def test_ar_loop_exports_for_tpu(sampling):
-    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-    text = lowered_for_tpu(
-        lambda p, t, l, m, k: ar_generate(p, t, l, m, k, cfg=CFG, sampling=sampling, eos_ids=(2,), max_new_tokens=N),
-        target_params(), spec((B, TP)), spec((B,)), spec((B,)), keys)
-    assert "stablehlo.while" in text
+def test_engine_exports_for_tpu(sampling, speculative):
+    (chunk, chunk_args), (refill, refill_args) = engine(CFG, sampling, speculative)
+    text = lowered_for_tpu(chunk, *chunk_args)
+    assert "stablehlo.while" in text  # the chunk's rounds
+    # On a CPU a round without live rows is skipped by a branch on the data; elsewhere (a branch on the data makes a
+    # GPU copy its predicate to the host) there is none: only the platform choice, a constant, is left.
+    on_cpu = jax.jit(chunk).trace(*chunk_args).lower(lowering_platforms=("cpu",)).as_text()
+    assert on_cpu.count("stablehlo.case") == text.count("stablehlo.case") + 1
+    lowered_for_tpu(refill, *refill_args)
 
 
-def spec_loop(cfg, sampling):
-    hooks = DRAFTER.resolved_hooks(cfg)
-    return lambda p, d, t, l, m, k: spec_generate(p, d, t, l, m, k, cfg=cfg, hooks=hooks, num_slots=3, eos_ids=(2,),
-                                                  draft_fn=specformer_drafts(cfg, DRAFTER, 3), sampling=sampling,
-                                                  max_new_tokens=N)
-
-
-def spec_loop_args():
-    dparams = jax.eval_shape(lambda: init_drafter(CFG, DRAFTER, jax.random.key(0)))
-    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-    return target_params(), dparams, spec((B, TP)), spec((B,)), spec((B,)), keys
-
-
-def test_speculative_loop_exports_for_tpu():
-    for sampling in (SamplingConfig(), SamplingConfig(0.8, 10, 0.95)):
-        text = lowered_for_tpu(spec_loop(CFG, sampling), *spec_loop_args())
-        assert "stablehlo.while" in text
-
-
-def test_speculative_loop_on_pallas_kernels_lowers_for_tpu_and_cuda():
-    """The whole verify loop with the Mosaic kernel in every attention layer (target and drafter context layer)
-    exports for TPU; with the Triton kernel it lowers for CUDA."""
-    text = lowered_for_tpu(spec_loop(dataclasses.replace(CFG, attention_impl="pallas_tpu"), SamplingConfig()),
-                           *spec_loop_args())
-    assert text.count("tpu_custom_call") >= 2  # the prefill and verify shapes (each kernel function is shared)
+def test_engine_on_pallas_kernels_lowers_for_tpu_and_cuda():
+    """The chunk with the Mosaic kernel in every attention layer (target and drafter context layer) exports for TPU;
+    with the Triton kernel it lowers for CUDA."""
+    (chunk, args), (refill, refill_args) = engine(dataclasses.replace(CFG, attention_impl="pallas_tpu"),
+                                                  SamplingConfig())
+    text = lowered_for_tpu(chunk, *args)
+    assert "tpu_custom_call" in text
     assert "context_attn/jit(ragged_attention_tpu_fwd)" in text  # the drafter's context layer runs on it too
-    gpu = dataclasses.replace(CFG, attention_impl="pallas_gpu")
-    lowered = jax.jit(spec_loop(gpu, SamplingConfig())).trace(*spec_loop_args()).lower(lowering_platforms=("cuda",))
-    assert "triton" in lowered.as_text()
+    assert "tpu_custom_call" in lowered_for_tpu(refill, *refill_args)  # the prefill too
+    (chunk, args), _ = engine(dataclasses.replace(CFG, attention_impl="pallas_gpu"), SamplingConfig())
+    assert "triton" in jax.jit(chunk).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("attention_impl", ["auto", "pallas_tpu"])

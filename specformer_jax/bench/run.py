@@ -1,12 +1,14 @@
-"""`specformer bench`: for each batch size, plain and speculative decoding of the same prompts in one process.
+"""`specformer bench`: for each batch size (pool size), plain and speculative decoding of the same request stream
+in one process, under one schedule or both (continuous and static batching).
 
-Compilation is excluded: an untimed pass over the same rows compiles and runs every shape first. The timed runs then
-come in `repeats` back-to-back pairs, plain and speculative in alternating order (AB BA AB ...); the speedup is the
-median over the pairs of their ratio and each side's tokens/s the median of its runs, so a machine that slows down
-for a while (a noisy neighbour, clock changes) slows both sides of a pair alike instead of one of them. Reports
-tokens/s of both (and every run's), speedup, mean accepted length, per-slot acceptance, output equivalence (greedy:
-fraction of identical rows), device and versions, and what `specformer report` needs for its roofline: model
-bytes/FLOPs and the device's measured read bandwidth and matmul rate.
+Compilation is excluded: an untimed pass over the same requests compiles and runs every shape first. The timed runs
+then come in `repeats` back-to-back rounds of every side in alternating order (AB BA AB ...); each ratio (speculative
+over plain, continuous over static) is the median over the rounds of the two sides' ratio and each side's tokens/s
+the median of its runs, so a machine that slows down for a while (a noisy neighbour, clock changes) slows both sides
+alike instead of one of them. Reports tokens/s and requests/s of every side (and every run's), per-request latency
+percentiles, speedup, mean and batch accepted length, per-slot acceptance, output equivalence (greedy: fraction of
+identical requests), device and versions, and what `specformer report` needs for its roofline: model bytes/FLOPs
+and the device's measured read bandwidth and matmul rate.
 """
 
 from __future__ import annotations
@@ -29,18 +31,22 @@ from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
 
 # decode_steps: loop iterations (plain steps, speculative rounds)
-KEEP = ("tokens_per_second", "run_seconds", "num_generated", "decode_steps", "draft_len", "draft_len_auto",
-        "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds")
+KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "draft_len",
+        "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds",
+        "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds")
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
-                  repeats: int = 3,
-                  mesh=None, records: DecodeRecords | None = None, log=sys.stderr,
+                  repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
+                  chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log=sys.stderr,
                   on_progress: Callable[[dict], None] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
-    speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`)."""
+    speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`).
+    `num_requests`: the prompts cycled to this many requests, each decoded to its natural length up to
+    max_new_tokens (default: as many as the prompts, at least a full batch). `schedules`: the first is the row's
+    "ar"/"spec"; a second one adds its own sides under its name, and ratios of the first over it."""
     if drafter is not None:  # checked before the first (plain) pass, not after it
         draft_len = check_draft_len(drafter, draft_len, records)
     shown = ("auto" if isinstance(draft_len, AutoDraftLen) else draft_len if draft_len is not None
@@ -54,6 +60,8 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         "dtype": model.cfg.dtype,
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
+        "num_requests": num_requests,
+        "schedules": list(schedules),
         "num_prompts": len(prompts),
         "device": jax.devices()[0].device_kind,
         "platform": jax.devices()[0].platform,
@@ -68,8 +76,10 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         if log and isinstance(draft_len, AutoDraftLen):
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} decoding loops)", file=log)
-        row = _batch_size_row(model, drafter, prompts, bs, repeats, dict(
-            max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, draft_len=draft_len, records=records))
+        engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
+        count = num_requests or max(bs, len(prompts))
+        row = _batch_size_row(model, drafter, [prompts[i % len(prompts)] for i in range(count)], repeats, engine,
+                              dict(draft_len=draft_len, records=records), schedules)
         doc["results"].append(row)
         if log:
             spec = row.get("spec", {})
@@ -82,30 +92,44 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     return doc
 
 
-def _batch_size_row(model, drafter, prompts: list[Prompt], batch_size: int, repeats: int, spec_kw: dict) -> dict:
-    """Plain and speculative decoding of one batch size: an untimed pass that compiles and runs every shape, then
-    `repeats` pairs in alternating order (AB BA AB ...), so a machine slowing down hits both sides."""
-    # The prompt set is cycled so every batch is full: batch 64 decodes 64 rows even from 16 prompts.
-    rows_in = [prompts[i % len(prompts)] for i in range(max(batch_size, len(prompts)))]
-    kw = {"ar": dict(max_new_tokens=spec_kw["max_new_tokens"], batch_size=batch_size, mesh=spec_kw["mesh"])}
-    if drafter is not None:
-        kw["spec"] = dict(spec_kw, drafter=drafter)
+def _batch_size_row(model, drafter, requests: list[Prompt], repeats: int, engine: dict, spec_kw: dict,
+                    schedules: tuple[str, ...]) -> dict:
+    """Plain and speculative decoding of the requests at one batch size, under each schedule: an untimed pass that
+    compiles and runs every shape, then `repeats` rounds of every side in alternating order (AB BA AB ...), so a
+    machine slowing down hits all sides."""
+    kw = {}
+    for n, schedule in enumerate(schedules):
+        suffix = "" if n == 0 else f"_{schedule}"
+        kw["ar" + suffix] = dict(engine, schedule=schedule)
+        if drafter is not None:
+            kw["spec" + suffix] = dict(engine, schedule=schedule, drafter=drafter, **spec_kw)
     for side in kw:
-        generate(model, rows_in, **kw[side])
+        generate(model, requests, **kw[side])
     runs: dict[str, list] = {side: [] for side in kw}
     for i in range(repeats):
         for side in (list(kw) if i % 2 == 0 else list(kw)[::-1]):
-            runs[side].append(generate(model, rows_in, **kw[side]))
-    row: dict = {"batch_size": batch_size, "num_rows": len(rows_in)}
+            runs[side].append(generate(model, requests, **kw[side]))
+    row: dict = {"batch_size": engine["batch_size"], "num_rows": len(requests)}
     for side, results in runs.items():
-        last = results[-1].stats
-        row[side] = {k: last[k] for k in KEEP if k in last}
-        row[side]["tokens_per_second"] = statistics.median(r.stats["tokens_per_second"] for r in results)
-        row[side]["run_seconds"] = statistics.median(r.stats["run_seconds"] for r in results)
-        row[side]["tokens_per_second_runs"] = [r.stats["tokens_per_second"] for r in results]
+        row[side] = _side(results)
+    ratio = lambda a, b: statistics.median(y.stats["tokens_per_second"] / x.stats["tokens_per_second"]
+                                           for x, y in zip(runs[a], runs[b]))
     if "spec" in runs:  # the median over the pairs of runs, each taken back to back under the same conditions
-        row["speedup"] = statistics.median(s.stats["tokens_per_second"] / a.stats["tokens_per_second"]
-                                           for a, s in zip(runs["ar"], runs["spec"]))
+        row["speedup"] = ratio("ar", "spec")
         same = zip(runs["ar"][-1].token_ids, runs["spec"][-1].token_ids)
-        row["output_equivalence"] = sum(a == b for a, b in same) / len(rows_in)
+        row["output_equivalence"] = sum(a == b for a, b in same) / len(requests)
+    for other in schedules[1:]:  # e.g. continuous over static, for each side
+        row[f"{schedules[0]}_over_{other}"] = {side: ratio(f"{side}_{other}", side) for side in ("ar", "spec")
+                                                 if side in runs}
+        if "spec" in runs:
+            row[f"speedup_{other}"] = ratio(f"ar_{other}", f"spec_{other}")
     return row
+
+
+def _side(results) -> dict:
+    """One side's figures: the last run's counts, the medians of its times, every run's tokens/s."""
+    out = {k: results[-1].stats[k] for k in KEEP if k in results[-1].stats}
+    for name in ("tokens_per_second", "requests_per_second", "run_seconds"):
+        out[name] = statistics.median(r.stats[name] for r in results)
+    out["tokens_per_second_runs"] = [r.stats["tokens_per_second"] for r in results]
+    return out

@@ -45,6 +45,6 @@ def main(argv=None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"specformer: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("specformer: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # decoding stops at a chunk boundary and says how far it got
+        print(f"specformer: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130

@@ -83,6 +83,16 @@ def add_device_options(p) -> None:
                    help="shard decoding over devices, e.g. data=4,tensor=2 (rows over data, the model over tensor)")
 
 
+def add_engine_options(p, schedules: tuple[str, ...] = ("continuous", "static")) -> None:
+    """--schedule and --chunk-rounds: how the engine runs requests (docs/decoding.md)."""
+    p.add_argument("--schedule", choices=schedules, default="continuous",
+                   help="continuous (default): a finished request's slot is refilled from the queue at once; static: "
+                        "batches of --batch-size prompts, each run until its slowest row is done"
+                        + ("; both: each side under both, in one run" if "both" in schedules else ""))
+    p.add_argument("--chunk-rounds", type=kind(POSITIVE_INT), default=None,
+                   help="rounds the device runs between two looks of the host (default 8)")
+
+
 def mesh(args):
     """The mesh of --mesh, or None."""
     from specformer_jax.parallel import make_mesh

@@ -31,7 +31,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
+    p.add_argument("--num-requests", type=a.kind(POSITIVE_INT), default=None,
+                   help="a request stream: the prompts cycled to N requests, each to its natural answer length up "
+                        "to --max-new-tokens (default: the prompts, at least one full batch)")
     a.add_device_options(p)
+    a.add_engine_options(p, ("continuous", "static", "both"))
     p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
     p.add_argument("--plot", type=a.out_file, help="also draw tokens/s per batch size to this PNG")
     p.set_defaults(func=run_bench)
@@ -78,7 +82,9 @@ def run_bench(args) -> int:
     head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
     result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
-                           max_new_tokens=args.max_new_tokens, repeats=args.repeats, mesh=a.mesh(args),
+                           max_new_tokens=args.max_new_tokens, repeats=args.repeats, num_requests=args.num_requests,
+                           schedules=("continuous", "static") if args.schedule == "both" else (args.schedule,),
+                           chunk_rounds=args.chunk_rounds, mesh=a.mesh(args),
                            records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}))
     if args.plot:
         plot_bench({**head, **result}, args.plot)

@@ -29,6 +29,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: checkpoint dtype (GGUF: float32)")
     a.add_device_options(p)
+    a.add_engine_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
@@ -57,21 +58,43 @@ def run_generate(args) -> int:
               f"({model.cfg.max_position}): positions beyond it were never trained", file=sys.stderr)
     a.drafter_needed(drafter, args.draft_len, ": pass --drafter DIR (this run decodes plainly)")
     load_s = time.perf_counter() - t
-    result = generate(model, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
-                      chat=not args.no_chat, max_cache_len=args.max_cache_len, progress=True, drafter=drafter,
-                      draft_len=args.draft_len, mesh=a.mesh(args), records=a.records())
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, chat=not args.no_chat,
+                   max_cache_len=args.max_cache_len, drafter=drafter, draft_len=args.draft_len, mesh=a.mesh(args),
+                   records=a.records(), schedule=args.schedule, chunk_rounds=args.chunk_rounds)
+    streamed = len(prompts) == 1 and not args.json and sys.stdout.isatty() and model.tokenizer is not None
+    result = _streamed(model, prompts[0], options) if streamed else generate(model, prompts, progress=True, **options)
     result.stats["load_seconds"] = load_s
     result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
     _print_summary(result.stats)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         print()
-    else:
+    elif not streamed:
         for p, text, ids in zip(prompts, result.texts, result.token_ids):
             shown = p if isinstance(p, str) else f"<{len(p)} token ids>"
             print(f">>> {shown}\n{text if text is not None else ids}\n")
     return 0
+
+
+def _streamed(model, prompt, options: dict):
+    """Decode one prompt, printing its text as the chunks of rounds finish; returns the GenerationResult."""
+    from specformer_jax.decoding.api import generate_stream
+
+    events = generate_stream(model, [prompt], **options)
+    print(f">>> {prompt if isinstance(prompt, str) else f'<{len(prompt)} token ids>'}", flush=True)
+    ids, shown = [], ""
+    while True:
+        try:
+            _, new = next(events)
+        except StopIteration as end:
+            print("\n", flush=True)
+            return end.value
+        ids += new
+        text = model.tokenizer.decode(ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for the next chunk
+            print(text[len(shown):], end="", flush=True)
+            shown = text
 
 
 def _chosen_drafter(args, model):

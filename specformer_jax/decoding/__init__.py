@@ -1,2 +1,4 @@
-"""Decoding: the on-device loops (autoregressive.py, speculative.py), running them in batches (runner.py), the
-`generate` entry point (api.py), and the draft length: tuner.py with its cost model, records and timing harness."""
+"""Decoding: the engine (pool.py: the slots on the device and their refill; chunk.py: rounds in fixed-length
+chunks; speculative.py: drafting and verification; scheduler.py: the host's queue and schedules; plan.py and
+runner.py: what compiles and what a run adds up to), the `generate` and `generate_stream` entry points (api.py),
+and the draft length: tuner.py with its cost model, records and timing harness."""

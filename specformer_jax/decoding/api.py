@@ -1,24 +1,28 @@
-"""`generate(model, prompts, ...)`: the decoding entry point of the Python API and the CLI. It checks its arguments,
-places the model on a mesh, chooses the draft length, runs the batches (runner.py) and, when given a records store,
-folds what speculative decoding measured into it (records.py)."""
+"""`generate(model, prompts, ...)` and `generate_stream`: the decoding entry points of the Python API and the CLI.
+They check their arguments, place the model on a mesh, choose the draft length, run the requests on the engine
+(scheduler.py) and, when given a records store, fold what speculative decoding measured into it (records.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
+from tqdm import tqdm
 
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT, SEED
+from specformer_jax.decoding.cost_model import DraftLenChoice
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
+from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan, make_plan
 from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.runner import DecodeRun, make_plan, run_batches
+from specformer_jax.decoding.runner import DecodeRun
 from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
 from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.parallel import AXES, make_mesh, param_shardings
@@ -37,7 +41,44 @@ class GenerationResult:
                 "stats": self.stats}
 
 
-def generate(
+def generate(model: LoadedTarget, prompts: Sequence[Prompt], **options) -> GenerationResult:
+    """Decode every prompt (text, through the chat template unless chat=False, or token ids; ragged lengths are
+    fine) on a pool of `batch_size` slots, fully on the device; results in input order. Options: `generate_stream`.
+
+    With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same
+    distribution. Ctrl-C stops decoding at the next chunk boundary (raising scheduler.Interrupted, a
+    KeyboardInterrupt that says how many prompts were done).
+    """
+    return run_to_end(_decode(_prepare(model, prompts, **options), stream=False))
+
+
+def generate_stream(model: LoadedTarget, prompts: Sequence[Prompt], **options) -> Iterator[tuple[int, list[int]]]:
+    """`generate` as an iterator: yields (prompt index, new token ids) as chunks of rounds finish, so text can be
+    shown as it is made; its return value (StopIteration.value) is the GenerationResult. The options are checked
+    (and --draft-len auto chosen) before this returns."""
+    return _decode(_prepare(model, prompts, **options), stream=True)
+
+
+@dataclasses.dataclass
+class _Job:
+    """A checked call: what to decode, with what, and how."""
+
+    model: LoadedTarget
+    drafter: LoadedDrafter | None
+    ids: list[list[int]]
+    plan: DecodePlan
+    params: Any
+    dparams: Any
+    row_keys: jax.Array
+    pool_size: int
+    schedule: str
+    mesh: Mesh | None
+    records: DecodeRecords | None
+    progress: bool
+    auto: DraftLenChoice | None
+
+
+def _prepare(
     model: LoadedTarget,
     prompts: Sequence[Prompt],
     *,
@@ -52,24 +93,31 @@ def generate(
     progress: bool = False,
     drafter: LoadedDrafter | None = None,
     draft_len: int | str | AutoDraftLen | None = None,
+    schedule: str = "continuous",
+    chunk_rounds: int | None = None,
     mesh: Mesh | str | None = None,
     records: DecodeRecords | None = None,
-) -> GenerationResult:
-    """Decode every prompt (text, through the chat template unless chat=False, or token ids; ragged lengths are
-    fine) in batches of `batch_size` rows, fully on the device.
+) -> _Job:
+    """The options of `generate`, checked:
 
-    With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same
-    distribution. `draft_len`: drafts per round, at most the drafter's trained slots (default: all of them on an
-    accelerator, 1 on a CPU; 0: plain decoding), or "auto" (an AutoDraftLen reading and keeping `records`) or an
-    AutoDraftLen tuner: chosen for this batch size from measured costs and acceptance (docs/decoding.md).
-    `mesh` (specformer_jax.parallel.make_mesh, or its spec such as "data=4,tensor=2"): rows sharded over its batch
-    axes, the model by the logical-axis rules; batch_size is rounded up to a multiple of the batch axes.
-    `records`: a DecodeRecords store that this call's measured acceptance and batch rounds are folded into (what
-    "auto" learns from). None: the call records nothing, so it does not change what a later call chooses.
+    `batch_size`: slots of the pool (rows decoded at once). `draft_len`: drafts per round, at most the drafter's
+    trained slots (default: all of them on an accelerator, 1 on a CPU; 0: plain decoding), or "auto" (an
+    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
+    costs and acceptance (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from
+    the queue at the next chunk boundary) or "static" (batches of `batch_size` prompts, each run until its slowest
+    row is done). `chunk_rounds`: rounds (plain steps or speculative rounds) the device runs between two looks of
+    the host (default plan.CHUNK_ROUNDS). `mesh` (specformer_jax.parallel.make_mesh, or its spec such as
+    "data=4,tensor=2"): rows sharded over its batch axes, the model by the logical-axis rules; batch_size is
+    rounded up to a multiple of the batch axes. `records`: a DecodeRecords store that the call's measured
+    acceptance (and a static schedule's batch rounds) are folded into: what "auto" learns from. None: the call
+    records nothing, so it does not change a later choice.
     """
     prompts = checked_prompts(prompts)
     max_new_tokens, batch_size = POSITIVE_INT.check("max_new_tokens", max_new_tokens), POSITIVE_INT.check(
         "batch_size", batch_size)
+    chunk_rounds = CHUNK_ROUNDS if chunk_rounds is None else POSITIVE_INT.check("chunk_rounds", chunk_rounds)
+    if schedule not in SCHEDULES:
+        raise SpecformerError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     sampling = SamplingConfig(temperature, top_k, top_p)
     row_keys = _row_keys(SEED.check("seed", seed), len(prompts))
     if records is not None and not isinstance(records, DecodeRecords):
@@ -87,21 +135,30 @@ def generate(
     params, dparams = _placed(model, drafter, mesh)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
-        auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, progress)
+        auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
     k = default_draft_len(drafter) if draft_len is None and drafter is not None else draft_len or 0
-    plan = make_plan(model, drafter, k, sampling, max_new_tokens)
-    report = (lambda done: print(f"specformer: {done}/{len(ids)} prompts done", file=sys.stderr)) if progress else (
-        lambda done: None)
-    run = run_batches(plan, params, dparams, ids, B, row_keys, mesh, on_batch=report)
-    stats = {**run.stats(), "batch_size": B, "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype}
-    if drafter is not None:
+    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds)
+    return _Job(model, drafter, ids, plan, params, dparams, row_keys, B, schedule, mesh, records, progress, auto)
+
+
+def _decode(job: _Job, stream: bool):
+    """Run a prepared call: yields (prompt index, new tokens) when `stream`; returns the GenerationResult."""
+    with tqdm(total=len(job.ids), desc="specformer: decoding", unit="prompt", file=sys.stderr,
+              disable=not job.progress) as bar:
+        run = yield from decode_requests(job.plan, job.params, job.dparams, job.ids, job.pool_size, job.row_keys,
+                                         schedule=job.schedule, mesh=job.mesh, stream=stream,
+                                         on_finished=lambda done: bar.update(done - bar.n))
+    plan, model = job.plan, job.model
+    stats = {**run.stats(), "batch_size": job.pool_size, "schedule": job.schedule, "chunk_rounds": plan.chunk_rounds,
+             "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype}
+    if job.drafter is not None:
         stats["draft_len"] = plan.draft_len
-    if auto is not None:
-        stats["draft_len_auto"] = auto.to_json()
+    if job.auto is not None:
+        stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())
-    if records is not None and plan.speculative:
-        _record(records, model, drafter, sampling, B, plan.draft_len, run, stats)
+    if job.records is not None and plan.speculative:
+        _record(job.records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]
     return GenerationResult(texts, run.token_ids, stats)
@@ -133,10 +190,11 @@ def _placed(model: LoadedTarget, drafter: LoadedDrafter | None, mesh: Mesh | Non
 
 
 def _auto_choice(tuner: AutoDraftLen, model, drafter, batch_size: int, ids, max_new_tokens: int,
-                 sampling: SamplingConfig, progress: bool):
+                 sampling: SamplingConfig, schedule: str, progress: bool):
     """The tuner's choice around a mid-decode cache length (the mean prompt plus half the answer, rounded up to 64)."""
     typical = -(-(sum(map(len, ids)) // len(ids) + max_new_tokens // 2) // 64) * 64
-    choice = tuner.choose(model, drafter, batch_size, typical, sampled=not sampling.greedy, progress=progress)
+    choice = tuner.choose(model, drafter, batch_size, typical, sampled=not sampling.greedy, schedule=schedule,
+                          progress=progress)
     if progress:
         guess = ", ".join(f"k={k}: {v:.2f}x" for k, v in choice.predicted_speedup.items())
         print(f"specformer: --draft-len auto chose {choice.draft_len} for batch {batch_size} (predicted {guess})",
@@ -148,4 +206,4 @@ def _record(records: DecodeRecords, model, drafter, sampling: SamplingConfig, ba
             run: DecodeRun, stats: dict) -> None:
     records.add_run(model, drafter, not sampling.greedy, batch_size=batch_size, draft_len=draft_len,
                     acceptance=stats["acceptance_rate_per_slot"], rounds=stats["rounds"],
-                    plain_steps=run.plain_steps, batch_rounds=run.steps)
+                    plain_steps=run.plain_steps or 0, batch_rounds=run.steps if run.plain_steps is not None else 0)

@@ -49,6 +49,5 @@ def select_tokens(logits: jax.Array, keys: jax.Array, cfg: SamplingConfig) -> ja
     return jax.vmap(jax.random.categorical)(keys, processed).astype(jnp.int32)
 
 
-def step_keys(row_keys: jax.Array, step: jax.Array) -> jax.Array:
-    """Independent key per row and step, so a row's samples do not depend on what else is in the batch."""
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    return jnp.isin(tokens, jnp.asarray(eos_ids or (-1,), jnp.int32))

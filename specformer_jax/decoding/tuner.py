@@ -50,16 +50,19 @@ class AutoDraftLen:
         self.margin = NON_NEGATIVE.check("margin", self.margin)
 
     def choose(self, model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
-               sampled: bool = False, progress: bool = False) -> cost_model.DraftLenChoice:
+               sampled: bool = False, schedule: str = "continuous", progress: bool = False
+               ) -> cost_model.DraftLenChoice:
         """The choice for `batch_size` rows around `cache_len` cached tokens, greedy or sampled (each learns apart).
-        The first call for a setup compiles and times K + 1 loops; later ones read the records."""
+        The first call for a setup compiles and times K + 1 engines; later ones read the records. The batch rounds
+        of static batches correct the prediction on the static schedule only: on the continuous one a row never
+        waits for a slower neighbour."""
         acceptance, source = cost_model.combined_acceptance(self.records.acceptance(model, drafter, sampled),
                                                             drafter_acceptance(drafter))
         costs = self.records.step_costs(model, drafter, batch_size, cache_len)
         if costs is None:
             costs = self.measure(model, drafter, batch_size, cache_len, progress=progress)
             self.records.add_step_costs(model, drafter, batch_size, cache_len, costs)
-        batches = self.records.batch_rounds(model, drafter, sampled, batch_size)
+        batches = self.records.batch_rounds(model, drafter, sampled, batch_size) if schedule == "static" else {}
         return cost_model.predict(costs, acceptance, source, batches, self.margin)
 
 

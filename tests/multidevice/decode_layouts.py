@@ -14,12 +14,14 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.pool import empty_pool
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import spec_generate, specformer_drafts
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.target import Target
-from specformer_jax.parallel import batch_sharded, make_mesh, param_shardings
+from specformer_jax.parallel import decode_state_shardings, make_mesh, param_shardings
 
 CFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8, num_kv_heads=4,
                    head_dim=16)
@@ -40,19 +42,14 @@ def main(layouts):
         ar = generate(model, PROMPTS, max_new_tokens=16, batch_size=8, mesh=mesh)
         spec = generate(model, PROMPTS, max_new_tokens=16, batch_size=8, mesh=mesh, drafter=drafter)
         out[layout] = {"ar": ar.token_ids, "spec": spec.token_ids, "rounds": spec.stats["rounds"]}
-    # the sharded speculative loop exports for TPU on the 8-device mesh
+    # the sharded chunk of speculative rounds exports for TPU on the 8-device mesh
     mesh = make_mesh("data=2,tensor=4")
-    hooks = dcfg.resolved_hooks(CFG)
-    loop = functools.partial(spec_generate, cfg=CFG, hooks=hooks, draft_fn=specformer_drafts(CFG, dcfg, 3), num_slots=3,
-                             sampling=SamplingConfig(), eos_ids=(2,), max_new_tokens=16)
-    rows = batch_sharded(mesh)
-    fn = jax.jit(loop, in_shardings=(param_shardings(params, mesh), param_shardings(drafter.params, mesh), rows, rows,
-                                     rows, rows))
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), 8))
+    plan = DecodePlan(CFG, (2,), SamplingConfig(), 16, dcfg, 3, 4)
+    pool = jax.eval_shape(lambda: empty_pool(plan, 8, 64))
+    fn = jax.jit(functools.partial(run_chunk, plan), in_shardings=(
+        param_shardings(params, mesh), param_shardings(drafter.params, mesh), decode_state_shardings(pool, mesh)))
     exp = jax.export.export(fn, platforms=["tpu"])(jax.eval_shape(lambda: params),
-                                                   jax.eval_shape(lambda: drafter.params), i32(8, 32), i32(8), i32(8),
-                                                   keys)
+                                                   jax.eval_shape(lambda: drafter.params), pool)
     out["export"] = {"platforms": list(exp.platforms), "nr_devices": exp.nr_devices,
                      "sharding_annotations": exp.mlir_module().count("sdy.sharding")}  # Shardy: JAX 0.10's default
     json.dump(out, sys.stdout)

@@ -1,0 +1,98 @@
+"""The decoding state of the engine: a pool of P rows (slots), each holding one request or nothing, and the jitted
+refill that prefills a block of queued prompts into free slots.
+
+Every row carries its own cache length, budget, PRNG key and round counter, so what a request decodes does not
+depend on the slot it lands in, its neighbours, or when it was inserted. A row whose `done` is set changes nothing
+when a round runs; an empty slot is a done row with budget 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.sampling import is_eos, select_tokens
+from specformer_jax.decoding.speculative import choose_drafts, round_keys
+from specformer_jax.modeling.drafter import draft_head_params, drafter_cache
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
+from specformer_jax.modeling.target import Target
+
+
+@struct.dataclass
+class Pool:
+    cache: KVCache  # target, [L, P, Hkv, S, D]; lengths = tokens whose KV is kept (`last` is not among them yet)
+    dcache: KVCache | None  # the drafter's one-layer cache, same lengths (None: plain decoding)
+    last: jax.Array  # int32[P]: the last emitted token, the next round's first input
+    drafts: jax.Array  # int32[P, k]: the next round's drafts (k = 0: plain decoding)
+    q: jax.Array  # float32[P, k, V]: the distribution each draft was drawn from ([P, k, 1] when greedy)
+    out: jax.Array  # int32[P, N]: the request's emitted tokens
+    num_out: jax.Array  # int32[P]
+    budget: jax.Array  # int32[P]: the request's max new tokens (0: an empty slot)
+    done: jax.Array  # bool[P]: EOS emitted, budget reached, or empty
+    keys: jax.Array  # PRNG key[P]: the request's own key
+    row_rounds: jax.Array  # int32[P]: rounds the request was live in; round r draws from fold_in(key, r)
+    row_emitted: jax.Array  # int32[P]: tokens those rounds emitted (the prefill's first token excluded)
+    accepted: jax.Array  # int32[P, k]: rounds in which draft slot i was accepted
+    rounds: jax.Array  # int32[]: rounds run with at least one live row
+
+
+def cache_len(plan: DecodePlan, prompt_tokens: int) -> int:
+    """Positions a row needs: its (bucketed) prompt, the answer, and one round's k + 1 tokens written past it."""
+    return prompt_tokens + plan.max_new_tokens + plan.draft_len + 1
+
+
+def empty_pool(plan: DecodePlan, pool_size: int, max_len: int) -> Pool:
+    """A pool of `pool_size` empty slots whose caches hold `max_len` positions."""
+    P, k, N = pool_size, plan.draft_len, plan.max_new_tokens
+    zeros = jnp.zeros((P,), jnp.int32)
+    width = 1 if plan.sampling.greedy else plan.cfg.vocab_size
+    return Pool(
+        cache=target_cache(plan.cfg, P, max_len),
+        dcache=drafter_cache(plan.cfg, P, max_len) if plan.speculative else None,
+        last=zeros, drafts=jnp.zeros((P, k), jnp.int32), q=jnp.zeros((P, k, width), jnp.float32),
+        out=jnp.zeros((P, N), jnp.int32), num_out=zeros, budget=zeros, done=jnp.ones((P,), bool),
+        keys=jax.random.split(jax.random.key(0), P), row_rounds=zeros, row_emitted=zeros,
+        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0),
+    )
+
+
+def insert(plan: DecodePlan, params, dparams, pool: Pool, prompts: jax.Array, lens: jax.Array, slots: jax.Array,
+           budget: jax.Array, keys: jax.Array) -> Pool:
+    """Prefill b prompts (int32[b, Tp], right-padded; lens int32[b]) and write them into pool rows `slots` (int32[b];
+    an index past the pool drops that row: how a block is padded), with their budgets and PRNG keys. Each row emits
+    its first token, and a speculative row gets its first drafts from the same forward."""
+    b, Tp = prompts.shape
+    with jax.named_scope("prefill"):
+        logits, cache, hidden = Target(plan.cfg, plan.hooks).apply(
+            {"params": params}, prompts, target_cache(plan.cfg, b, Tp), lens, (lens - 1)[:, None])
+    keys0 = round_keys(keys, jnp.zeros((b,), jnp.int32))
+    first = select_tokens(logits[:, 0], keys0[:, 0], plan.sampling)
+    put = lambda old, new: old.at[slots].set(new.astype(old.dtype), mode="drop")
+    pool = pool.replace(cache=_write_rows(pool.cache, cache, slots, lens, Tp))
+    if plan.speculative:
+        head = draft_head_params(plan.cfg, params)
+        dlogits, dcache = plan.draft_fn()(dparams, head, hidden, drafter_cache(plan.cfg, b, Tp), lens,
+                                          (lens - 1)[:, None], first[:, None])
+        drafts, q = choose_drafts(dlogits, keys0[:, 2], plan.sampling)
+        pool = pool.replace(dcache=_write_rows(pool.dcache, dcache, slots, lens, Tp), drafts=put(pool.drafts, drafts),
+                            q=put(pool.q, q))
+    zeros = jnp.zeros((b,), jnp.int32)
+    return pool.replace(
+        last=put(pool.last, first),
+        out=put(pool.out, jnp.zeros((b, pool.out.shape[1]), jnp.int32).at[:, 0].set(first)),
+        num_out=put(pool.num_out, jnp.ones((b,), jnp.int32)), budget=put(pool.budget, budget),
+        done=put(pool.done, is_eos(first, plan.eos_ids) | (budget <= 1)),
+        keys=pool.keys.at[slots].set(keys, mode="drop"),
+        row_rounds=put(pool.row_rounds, zeros), row_emitted=put(pool.row_emitted, zeros),
+        accepted=put(pool.accepted, jnp.zeros((b, plan.draft_len), jnp.int32)),
+    )
+
+
+def _write_rows(pool_cache: KVCache, new: KVCache, slots: jax.Array, lens: jax.Array, Tp: int) -> KVCache:
+    """The first Tp positions of a b-row cache written into pool rows `slots`, their lengths set to `lens`."""
+    at = (slice(None), slots, slice(None), slice(0, Tp))
+    return KVCache(pool_cache.k.at[at].set(new.k[:, :, :, :Tp], mode="drop"),
+                   pool_cache.v.at[at].set(new.v[:, :, :, :Tp], mode="drop"),
+                   pool_cache.lengths.at[slots].set(lens, mode="drop"))

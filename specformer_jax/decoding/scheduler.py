@@ -1,0 +1,194 @@
+"""The host side of the engine: a queue of requests, a pool of slots on the device, and chunks of rounds.
+
+Between chunks the host reads each slot's `done` flag and token count (a few bytes), collects the requests that
+finished, and refills free slots from the queue with one jitted prefill of the waiting prompts:
+
+  continuous  free slots are refilled after every chunk, so no request waits for a slower neighbour
+  static      the next batch is inserted only when every slot is free (a batch runs until its slowest row is done)
+
+`decode_requests` is a generator: with stream=True it yields (request index, new token ids) at chunk boundaries;
+its return value is the DecodeRun. Ctrl-C stops it at the next chunk boundary (`Interrupted`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import signal
+import threading
+import time
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specformer_jax.decoding import runner
+from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.pool import Pool, cache_len, empty_pool, insert
+from specformer_jax.decoding.runner import DecodeRun
+from specformer_jax.parallel import decode_state_shardings, replicated
+
+SCHEDULES = ("continuous", "static")
+PROMPT_BUCKET = 32  # prompt blocks are padded to a multiple of this many tokens, so nearby lengths share a compilation
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped decoding at a chunk boundary; `finished` of `total` requests were complete."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"stopped at a chunk boundary: {finished} of {total} requests finished")
+        self.finished, self.total = finished, total
+
+
+def bucket(n: int, size: int = PROMPT_BUCKET) -> int:
+    return -(-n // size) * size
+
+
+class _Engine:
+    """The compiled functions of one plan, pool size and mesh, and the device state they pass along."""
+
+    def __init__(self, plan: DecodePlan, params, dparams, pool_size: int, max_len: int, mesh):
+        self.plan, self.params, self.dparams, self.mesh = plan, params, dparams, mesh
+        self.compile_seconds = 0.0
+        shape = jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len))
+        self.shardings = decode_state_shardings(shape, mesh) if mesh is not None else None
+        make = self._compiled(("empty_pool", pool_size, max_len), lambda: empty_pool(plan, pool_size, max_len), ())
+        self.pool: Pool = make()
+
+    def _compiled(self, name, fn, args, donate=()):
+        compiled, seconds = runner.COMPILED.get(name, self.plan, fn, args, mesh=self.mesh, donate=donate,
+                                         out_shardings=self.shardings)
+        self.compile_seconds += seconds
+        return compiled
+
+    def insert(self, prompts, lens, slots, budget, keys) -> None:
+        block = (prompts, lens, slots, budget)
+        block = tuple(jnp.asarray(x) for x in block) + (keys,)
+        if self.mesh is not None:
+            block = jax.device_put(block, replicated(self.mesh))
+        args = (self.params, self.dparams, self.pool, *block)
+        fn = self._compiled("insert", functools.partial(insert, self.plan), args, donate=(2,))
+        self.pool = fn(*args)
+
+    def chunk(self) -> None:
+        args = (self.params, self.dparams, self.pool)
+        self.pool = self._compiled("chunk", functools.partial(run_chunk, self.plan), args, donate=(2,))(*args)
+
+
+def decode_requests(plan: DecodePlan, params, dparams, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
+                    schedule: str = "continuous", mesh=None, stream: bool = False, budgets: list[int] | None = None,
+                    on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
+    """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; keys: one PRNG key per
+    request; budgets: new tokens per request (default: plan.max_new_tokens, also the most allowed). Yields (request
+    index, new tokens) at chunk boundaries when `stream`; returns the DecodeRun. on_finished(number of requests
+    done) is called when requests finish."""
+    budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
+    engine = _Engine(plan, params, dparams, pool_size, cache_len(plan, bucket(max(map(len, ids)))), mesh)
+    run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
+                    plain_steps=0 if schedule == "static" else None)
+    queue = collections.deque(range(len(ids)))
+    slot_req = [-1] * pool_size  # the request each slot holds
+    sent = [0] * pool_size  # tokens of each slot's request already streamed
+    start, paused, finished, longest = time.perf_counter(), 0.0, 0, 0
+    with _stop_flag() as stop:
+        while queue or max(slot_req) >= 0:
+            if stop.is_set():
+                raise Interrupted(finished, len(ids))
+            free = [s for s in range(pool_size) if slot_req[s] < 0]
+            if queue and free and (schedule == "continuous" or len(free) == pool_size):
+                taken = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+                _refill(engine, ids, budgets, keys, taken, free, slot_req)
+            engine.chunk()
+            done, num_out = jax.device_get((engine.pool.done, engine.pool.num_out))
+            if stream:
+                t = time.perf_counter()
+                yield from _new_tokens(engine.pool, slot_req, sent, num_out)
+                paused += time.perf_counter() - t
+            ended = [s for s in range(pool_size) if slot_req[s] >= 0 and done[s]]
+            if ended:
+                longest = max([longest] + [int(num_out[s]) for s in ended])
+                seconds = time.perf_counter() - start - paused - engine.compile_seconds
+                _collect(engine.pool, ended, slot_req, sent, num_out, run, seconds)
+                finished += len(ended)
+                on_finished(finished)
+            if run.plain_steps is not None and max(slot_req) < 0:  # a static batch ended: plain decoding would
+                run.plain_steps += max(longest - 1, 0)  # take its longest answer's steps (the prefill emits one)
+                longest = 0
+    run.steps = int(engine.pool.rounds)
+    run.compile_seconds = engine.compile_seconds
+    run.run_seconds = time.perf_counter() - start - paused - engine.compile_seconds
+    run.rows = {name: [per[r] for r in sorted(per)] for name, per in run.rows.items()}
+    return run
+
+
+def run_to_end(events):
+    """The return value of a decode_requests generator (or of one that wraps it), its events dropped."""
+    while True:
+        try:
+            next(events)
+        except StopIteration as end:
+            return end.value
+
+
+def _refill(engine: _Engine, ids, budgets, keys, taken: list[int], free: list[int], slot_req: list[int]) -> None:
+    """Prefill the `taken` requests into the first free slots, as one block of b rows (b: a power of two, so few
+    shapes compile; padding rows point past the pool and are dropped)."""
+    P = len(slot_req)
+    b = min(1 << (len(taken) - 1).bit_length(), P)
+    prompts = np.zeros((b, bucket(max(len(ids[r]) for r in taken))), np.int32)
+    lens, slots, budget = np.ones((b,), np.int32), np.full((b,), P, np.int32), np.zeros((b,), np.int32)
+    for row, (r, s) in enumerate(zip(taken, free)):
+        prompts[row, : len(ids[r])] = ids[r]
+        lens[row], slots[row], budget[row] = len(ids[r]), s, budgets[r]
+        slot_req[s] = r
+    block_keys = keys[np.asarray(taken + [taken[0]] * (b - len(taken)))]
+    engine.insert(prompts, lens, slots, budget, block_keys)
+
+
+def _new_tokens(pool: Pool, slot_req, sent, num_out):
+    """(request, tokens emitted since the last yield) for every slot that emitted some."""
+    out = np.asarray(pool.out)
+    for s, r in enumerate(slot_req):
+        if r >= 0 and num_out[s] > sent[s]:
+            yield r, out[s, sent[s]: num_out[s]].tolist()
+            sent[s] = int(num_out[s])
+
+
+def _collect(pool: Pool, ended: list[int], slot_req, sent, num_out, run: DecodeRun, seconds: float) -> None:
+    """Copy the finished requests' tokens and counts to the host and free their slots."""
+    idx = jnp.asarray(ended)
+    out = np.asarray(pool.out[idx])
+    counts = jax.device_get({"row_rounds": pool.row_rounds[idx], "row_emitted": pool.row_emitted[idx],
+                             "accepted": pool.accepted[idx]})
+    for i, s in enumerate(ended):
+        r = slot_req[s]
+        run.token_ids[r] = out[i, : num_out[s]].tolist()
+        run.latency_seconds[r] = seconds
+        run.live_row_rounds += int(counts["row_rounds"][i])
+        if pool.drafts.shape[1]:
+            for name, values in counts.items():
+                run.rows.setdefault(name, {})[r] = values[i]
+        slot_req[s], sent[s] = -1, 0
+
+
+@contextlib.contextmanager
+def _stop_flag():
+    """A flag set by Ctrl-C while decoding (in the main thread; a second Ctrl-C interrupts at once)."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,170 @@
+"""The engine's pool, chunks and schedules: every request decodes what plain decoding of that prompt alone gives,
+whatever slot it lands in, when it is inserted, the pool size and the rounds per chunk; sampled requests do not
+depend on their neighbours; streaming and Ctrl-C stop at chunk boundaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.api import generate, generate_stream
+from specformer_jax.decoding.plan import DecodePlan, make_plan
+from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.decoding.scheduler import Interrupted, decode_requests, run_to_end
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.kv_cache import target_cache
+from specformer_jax.modeling.target import Target
+
+# 11 requests: prompt lengths 1..40 (two prompt buckets), budgets 1..24, so rows finish at different rounds
+LENGTHS = [5, 1, 12, 33, 2, 7, 40, 3, 9, 18, 4]
+PROMPTS = [[(7 * i + 3 * r + 1) % 120 + 1 for i in range(n)] for r, n in enumerate(LENGTHS)]
+BUDGETS = [24, 3, 17, 1, 24, 9, 14, 24, 6, 20, 11]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    m = load_target(tiny_checkpoints["qwen2"])
+    free = [plain_alone(m, p, N) for p in PROMPTS]
+    eos = next(t for t in free[0][3:] if t not in free[0][:3])  # EOS mid-answer for some of the requests
+    return dataclasses.replace(m, eos_ids=(eos,))
+
+
+@functools.cache
+def _step(cfg):
+    return jax.jit(lambda p, t, c: Target(cfg).apply({"params": p}, t, c))
+
+
+def plain_alone(model, prompt, budget):
+    """Greedy decoding of one prompt, a token at a time (the prompt too) with the target's forward: the reference,
+    no engine involved."""
+    step, cache = _step(model.cfg), target_cache(model.cfg, 1, 64)
+    for t in prompt:
+        logits, cache, _ = step(model.params, jnp.asarray([[t]]), cache)
+    out = []
+    while len(out) < budget:
+        out.append(int(jnp.argmax(logits[0, -1])))
+        if out[-1] in model.eos_ids:
+            break
+        logits, cache, _ = step(model.params, jnp.asarray([[out[-1]]]), cache)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return [plain_alone(model, p, b) for p, b in zip(PROMPTS, BUDGETS)]
+
+
+def oracle_drafts(reference, k=3, positions=64):
+    """Drafts that know the reference continuations, looked up by (drafting position, token just emitted) and not
+    by slot, so they stay right whichever slot a request lands in: rounds accept several tokens, and EOS and budgets
+    fall inside them."""
+    table = np.zeros((positions, 256, k), np.int32)
+    for prompt, answer in zip(PROMPTS, reference):
+        seq = prompt + answer + [0] * (k + 1)
+        for t in range(len(prompt) + len(answer) - 1):
+            table[t, seq[t + 1]] = seq[t + 2: t + 2 + k]
+    table = jnp.asarray(table)
+
+    def draft(dparams, head, hidden, dcache, num_new, slots_at, next_tokens):
+        vocab = max(jax.tree.leaves(head["embed"] if "embed" in head else head["lm_head"])[0].shape)
+        tok = table[dcache.lengths + slots_at[:, 0], next_tokens[:, 0]]  # [B, k]
+        return 30.0 * jax.nn.one_hot(tok, vocab), dcache.replace(lengths=dcache.lengths + num_new)
+
+    return draft
+
+
+def run(plan: DecodePlan, model, dparams=None, pool=3, schedule="continuous", order=None, keys=None):
+    order = list(range(len(PROMPTS))) if order is None else order
+    keys = jax.random.split(jax.random.key(0), len(PROMPTS)) if keys is None else keys
+    result = run_to_end(decode_requests(plan, model.params, dparams, [PROMPTS[i] for i in order], pool,
+                                        keys[np.asarray(order)], schedule=schedule,
+                                        budgets=[BUDGETS[i] for i in order]))
+    tokens = [None] * len(order)
+    for got, i in zip(result.token_ids, order):
+        tokens[i] = got
+    return tokens, result
+
+
+@pytest.mark.parametrize("rounds", [1, 4, 16])
+@pytest.mark.parametrize("schedule", ["continuous", "static"])
+def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rounds, schedule):
+    greedy = SamplingConfig()
+    plain = DecodePlan(model.cfg, model.eos_ids, greedy, N, chunk_rounds=rounds)
+    oracle = DecodePlan(model.cfg, model.eos_ids, greedy, N, DrafterConfig(num_slots=3), 3, rounds,
+                        oracle_drafts(reference))
+    assert run(plain, model, schedule=schedule)[0] == reference
+    tokens, result = run(oracle, model, schedule=schedule)
+    assert tokens == reference
+    stats = result.speculative_stats()
+    assert stats["mean_accepted_length"] > 1.3  # rounds of several tokens: EOS and budgets land inside them
+    assert ("batch_accepted_length" in stats) == (schedule == "static")
+    for got in tokens:  # nothing after an EOS
+        assert model.eos_ids[0] not in got[:-1]
+
+
+def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference):
+    cfg = DrafterConfig(num_slots=3)
+    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
+    for pool, order in ((3, None), (5, list(range(len(PROMPTS)))[::-1])):
+        plan = make_plan(model, drafter, 2, SamplingConfig(), N, chunk_rounds=4)
+        assert run(plan, model, drafter.params, pool=pool, order=order)[0] == reference
+
+
+def test_sampled_requests_do_not_depend_on_pool_size_or_insertion_order(model):
+    cfg = DrafterConfig(num_slots=3)
+    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
+    sampling = SamplingConfig(temperature=1.0, top_k=50)
+    keys = jax.random.split(jax.random.key(7), len(PROMPTS))
+    for draft_len in (0, 2):
+        plan = make_plan(model, drafter, draft_len, sampling, N, chunk_rounds=4)
+        first = run(plan, model, drafter.params, pool=3, keys=keys)[0]
+        backwards = list(range(len(PROMPTS)))[::-1]
+        assert run(plan, model, drafter.params, pool=5, schedule="static", order=backwards, keys=keys)[0] == first
+        other = run(plan, model, drafter.params, pool=3, keys=jax.random.split(jax.random.key(8), len(PROMPTS)))[0]
+        assert other != first  # the keys do matter
+
+
+def test_streamed_tokens_add_up_to_the_results(model):
+    stream = generate_stream(model, PROMPTS, max_new_tokens=N, batch_size=3, chunk_rounds=4)
+    seen = [[] for _ in PROMPTS]
+    while True:
+        try:
+            index, tokens = next(stream)
+        except StopIteration as end:
+            result = end.value
+            break
+        assert tokens
+        seen[index] += tokens
+    assert seen == result.token_ids == generate(model, PROMPTS, max_new_tokens=N, batch_size=3).token_ids
+    assert result.stats["schedule"] == "continuous" and result.stats["chunk_rounds"] == 4
+
+
+def test_ctrl_c_stops_at_the_next_chunk_boundary(model):
+    stream = generate_stream(model, PROMPTS, max_new_tokens=N, batch_size=2, chunk_rounds=2)
+    next(stream)
+    os.kill(os.getpid(), signal.SIGINT)  # the engine's handler notes it; the chunk in flight finishes
+    with pytest.raises(Interrupted, match=r"stopped at a chunk boundary: \d+ of 11 requests finished") as err:
+        for _ in stream:
+            pass
+    assert err.value.finished < len(PROMPTS)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_bad_schedule_and_chunk_rounds_are_refused(model):
+    from specformer_jax.errors import SpecformerError
+
+    with pytest.raises(SpecformerError, match="schedule must be one of continuous, static"):
+        generate(model, PROMPTS[:1], schedule="fifo")
+    with pytest.raises(SpecformerError, match="chunk_rounds"):
+        generate(model, PROMPTS[:1], chunk_rounds=0)
