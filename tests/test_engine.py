@@ -168,3 +168,29 @@ def test_bad_schedule_and_chunk_rounds_are_refused(model):
         generate(model, PROMPTS[:1], schedule="fifo")
     with pytest.raises(SpecformerError, match="chunk_rounds"):
         generate(model, PROMPTS[:1], chunk_rounds=0)
+
+
+def test_the_cli_streams_a_single_prompt_on_a_terminal(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    import shutil
+    import sys
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from specformer_jax.cli import main
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_checkpoints["llama3"], d)
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0").save_pretrained(d)
+    argv = ["generate", "--model", str(d), "--prompt", "w5 w17 w3", "--no-chat", "--max-new-tokens", "12",
+            "--chunk-rounds", "2"]
+    assert main(argv) == 0
+    whole = capsys.readouterr().out  # not a terminal: printed when done
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(argv) == 0
+    streamed = capsys.readouterr().out
+    text = whole.split("\n")[1]
+    assert whole.startswith(">>> w5 w17 w3\n") and len(text.split()) == 12
+    assert streamed == f">>> w5 w17 w3\n{text}\n\n"
