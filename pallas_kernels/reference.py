@@ -34,5 +34,7 @@ def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=
     s = jnp.where(visible[:, None, None, :, :], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
     p = jnp.where(visible[:, None, None, :, :], p, 0.0)  # rows with no visible key give 0, not NaN
-    o = jnp.einsum("bkgqs,bksd->bqkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o.reshape(B, Q, H, D).astype(q.dtype)
+    # Batched over (b, k) with the output in the same order: asked for [B, Q, Hkv, G, D] directly, XLA's CPU backend
+    # lays the product out transposed and runs it as a slow generic dot, not as a fast batched matmul.
+    o = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.transpose(0, 3, 1, 2, 4).reshape(B, Q, H, D).astype(q.dtype)

@@ -25,6 +25,7 @@ from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
 from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.target import decoding_params
 from specformer_jax.parallel import AXES, make_mesh, param_shardings
 
 
@@ -126,6 +127,7 @@ def _prepare(
         check_drafter_fits(drafter, model.cfg)
     draft_len = check_draft_len(drafter, draft_len, records)
     mesh = _checked_mesh(mesh)
+    model = _decoding_layout(model)
     ids = encode_prompts(model, prompts, chat)
     check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position, "cache positions but the cache holds")
     B = min(batch_size, len(ids))
@@ -162,6 +164,23 @@ def _decode(job: _Job, stream: bool):
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]
     return GenerationResult(texts, run.token_ids, stats)
+
+
+_LAYOUTS: dict[int, tuple[LoadedTarget, LoadedTarget]] = {}  # id(model) -> (model, in the decoding layout)
+
+
+def _decoding_layout(model: LoadedTarget) -> LoadedTarget:
+    """The model with per-layer parameters and fused projections (modeling/target.py, `decoding_params`): on a CPU a
+    step runs well faster than under the training layout's scan. Converted once per model: the last two are kept."""
+    if model.cfg.unroll_layers:
+        return model
+    held = _LAYOUTS.get(id(model))
+    if held is None or held[0] is not model:
+        cfg, params = decoding_params(model.cfg, model.params)
+        held = _LAYOUTS[id(model)] = (model, dataclasses.replace(model, cfg=cfg, params=params))
+        while len(_LAYOUTS) > 2:
+            del _LAYOUTS[next(iter(_LAYOUTS))]
+    return held[1]
 
 
 def _row_keys(seed: int, n: int) -> jax.Array:

@@ -66,8 +66,10 @@ class Drafter(nn.Module):
         self.hook_norms = [norm() for _ in self.hooks]
         self.fuse = dense(t.hidden_size, False)
         self.context_norm = norm()
-        # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code).
-        self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None))
+        # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code),
+        # and separate q/k/v whatever the target's parameter layout: the drafter's parameters keep one layout.
+        self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None,
+                                                          fuse_projections=False))
         self.expand_norm = norm()
         self.expand = dense(c.num_slots * t.hidden_size, True)  # the bias acts as a learned per-slot embedding
         self.slot_norm = norm()

@@ -34,9 +34,16 @@ class SwiGLU(nn.Module):
     hidden: int
     intermediate: int
     dtype: jnp.dtype = jnp.float32
+    # gate and up as one matmul over a [d, 2, intermediate] kernel "gate_up" (one read of x, one larger matmul)
+    fused: bool = False
 
     @nn.compact
     def __call__(self, x):
         dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name=name)
-        gated = nn.silu(dense(self.intermediate, "gate")(x)) * dense(self.intermediate, "up")(x)
-        return dense(self.hidden, "down")(gated)
+        if self.fused:
+            gate_up = nn.DenseGeneral((2, self.intermediate), use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                                      name="gate_up")(x)
+            gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
+        else:
+            gate, up = dense(self.intermediate, "gate")(x), dense(self.intermediate, "up")(x)
+        return dense(self.hidden, "down")(nn.silu(gate) * up)

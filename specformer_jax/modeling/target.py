@@ -2,10 +2,17 @@
 
 One call serves prefill and multi-token extension: the T new tokens of row b are written to the KV cache at
 positions cache.lengths[b] .. cache.lengths[b] + T - 1 and attend causally to everything before them.
-Layers run under `nn.scan` (stacked parameters, one compiled layer body), which keeps compile time flat in depth.
+Two parameter layouts (TargetConfig.unroll_layers, .fuse_projections): checkpoints and training stack the layers'
+parameters under "layers" and run them under `nn.scan` (one compiled layer body: compile time flat in depth);
+decoding runs a Python loop over per-layer parameters "layers_0" .. "layers_{L-1}" with q/k/v and gate/up fused
+(`decoding_params` converts). Inside a compiled scan XLA copies each layer's weights out of the stacked arrays before
+its matmuls; separate per-layer arrays are read in place, which matters where a step reads every weight once.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +28,21 @@ def _dense(features, cfg: TargetConfig, name, bias=False):
     return nn.Dense(features, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.dtype, name=name)
 
 
+def _project_qkv(cfg: TargetConfig, x):
+    """q [B, T, H, D] and k, v [B, T, Hkv, D]: three matmuls, or one with cfg.fuse_projections. The fused kernel
+    "qkv" [d, Hkv, G + 2, D] groups each KV head's G query heads with its key and value, so that tensor parallelism
+    can shard it by KV head like the separate kernels."""
+    B, T, _ = x.shape
+    H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if cfg.fuse_projections:
+        G = H // Hkv
+        qkv = nn.DenseGeneral((Hkv, G + 2, D), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.dtype,
+                              name="qkv")(x)
+        return qkv[..., :G, :].reshape(B, T, H, D), qkv[..., G, :], qkv[..., G + 1, :]
+    project = lambda name, heads: _dense(heads * D, cfg, name, cfg.qkv_bias)(x).reshape(B, T, heads, D)
+    return project("q", H), project("k", Hkv), project("v", Hkv)
+
+
 class Attention(nn.Module):
     """GQA self-attention that appends its keys/values to one layer of the cache before attending."""
 
@@ -31,9 +53,7 @@ class Attention(nn.Module):
         """Appends this layer's keys/values to the stacked caches [L, B, Hkv, S, D] at `layer`; returns them too."""
         cfg = self.cfg
         B, T, _ = x.shape
-        project = lambda name, heads: _dense(heads * cfg.head_dim, cfg, name, cfg.qkv_bias)(x).reshape(
-            B, T, heads, cfg.head_dim)
-        q, k, v = project("q", cfg.num_heads), project("k", cfg.num_kv_heads), project("v", cfg.num_kv_heads)
+        q, k, v = _project_qkv(cfg, x)
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="k_norm")(k)
@@ -47,8 +67,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One layer as a scan body: carry (h, k_all, v_all, hooked), xs the layer index (an int when unrolled)."""
+
     cfg: TargetConfig
-    hooks: tuple[int, ...]  # normalised hook indices; layer i's output is hidden state i + 1
+    hooks: tuple[int, ...]  # normalised hook indices picked up into `hooked`; layer i's output is hidden state i + 1
 
     @nn.compact
     def __call__(self, carry, xs, positions, start, kv_len):
@@ -59,7 +81,7 @@ class DecoderLayer(nn.Module):
             RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len
         )
         h = h + attn_out
-        h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, name="mlp")(
+        h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, cfg.fuse_projections, name="mlp")(
             RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_norm")(h)
         )
         hooked = tuple(jnp.where(layer + 1 == idx, h, prev) for idx, prev in zip(self.hooks, hooked))
@@ -77,13 +99,16 @@ class Target(nn.Module):
         self._hooks = tuple(cfg.hook_index(i) for i in self.hooks)
         self._inner = tuple(i for i in self._hooks if 0 < i < cfg.num_layers)
         self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.dtype)
-        self.layers = nn.scan(
-            DecoderLayer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-            length=cfg.num_layers,
-        )(cfg, self._inner)
+        if cfg.unroll_layers:
+            self.layers = [DecoderLayer(cfg, ()) for _ in range(cfg.num_layers)]  # params "layers_0", "layers_1", ...
+        else:
+            self.layers = nn.scan(
+                DecoderLayer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+            )(cfg, self._inner)
         self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype)
         if not cfg.tie_embeddings:
             self.lm_head = _dense(cfg.vocab_size, cfg, None)
@@ -101,20 +126,31 @@ class Target(nn.Module):
         start = cache.lengths
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
         kv_len = start + T  # every written slot; padded queries only ever see padded keys (causal)
+        run = self._unrolled if cfg.unroll_layers else self._scanned
         with jax.named_scope("layers"):
-            (h_last, k_all, v_all, hooked), _ = self.layers(
-                (h, cache.k, cache.v, tuple(jnp.zeros_like(h) for _ in self._inner)),
-                jnp.arange(cfg.num_layers),
-                positions,
-                start,
-                kv_len,
-            )
+            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len)
         h_final = self.final_norm(h_last)
-        states = {0: h, cfg.num_layers: h_final, **dict(zip(self._inner, hooked))}
+        states = {0: h, cfg.num_layers: h_final, **hooked}
         hidden = {i: states[i] for i in self._hooks}
         x = h_final if logits_at is None else jnp.take_along_axis(h_final, logits_at[:, :, None], axis=1)
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return self.logits(x), KVCache(k_all, v_all, cache.lengths + added), hidden
+
+    def _scanned(self, h, k_all, v_all, *args):
+        """All layers under one scan; the inner hooks' states are picked up as they pass. Returns (h, k_all, v_all,
+        {hook index: state})."""
+        hooked = tuple(jnp.zeros_like(h) for _ in self._inner)
+        (h, k_all, v_all, hooked), _ = self.layers((h, k_all, v_all, hooked), jnp.arange(self.cfg.num_layers), *args)
+        return h, k_all, v_all, dict(zip(self._inner, hooked))
+
+    def _unrolled(self, h, k_all, v_all, *args):
+        """The layers one after another, each with its own parameters; same returns as `_scanned`."""
+        hooked = {}
+        for i, layer in enumerate(self.layers):
+            (h, k_all, v_all, _), _ = layer((h, k_all, v_all, ()), i, *args)
+            if i + 1 in self._inner:
+                hooked[i + 1] = h
+        return h, k_all, v_all, hooked
 
     def logits(self, x):
         """LM head on final-normed states, float32 (tied embeddings or a separate head)."""
@@ -125,3 +161,36 @@ class Target(nn.Module):
     def head(self, x):
         """Final norm + LM head: what the drafter applies to its slot outputs."""
         return self.logits(self.final_norm(x))
+
+
+def decoding_params(cfg: TargetConfig, params) -> tuple[TargetConfig, dict]:
+    """(config, parameters) in the decoding layout, from the stacked layout that checkpoints and training use:
+    per-layer parameters "layers_{i}" (cfg.unroll_layers) with q/k/v fused into "qkv" and gate/up into "gate_up"
+    (cfg.fuse_projections). The embedding, final norm and LM head are kept as they are (the drafter reads them);
+    the layer weights are copied, so call this once per model, before placing the parameters on a mesh. A config
+    already in the decoding layout comes back unchanged."""
+    if cfg.unroll_layers and cfg.fuse_projections:
+        return cfg, params
+    if cfg.unroll_layers or cfg.fuse_projections:
+        raise ValueError("decoding_params takes stacked, unfused parameters (TargetConfig's default layout)")
+    out = {name: p for name, p in params.items() if name != "layers"}
+    out.update((f"layers_{i}", layer) for i, layer in enumerate(_split_and_fuse(cfg, params["layers"])))
+    return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=True), out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _split_and_fuse(cfg: TargetConfig, layers) -> list:
+    """Stacked layer parameters [L, ...] -> one tree per layer, with fused projections (one compiled copy)."""
+    return [_fused(cfg, jax.tree.map(lambda w: w[i], layers)) for i in range(cfg.num_layers)]
+
+
+def _fused(cfg: TargetConfig, layer) -> dict:
+    """One layer's parameters with q/k/v as "qkv" [d, Hkv, G + 2, D] (see `_project_qkv`) and gate/up as "gate_up"
+    [d, 2, intermediate]; biases follow their kernels."""
+    attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+    q, k, v = attn.pop("q"), attn.pop("k"), attn.pop("v")
+    Hkv, D = cfg.num_kv_heads, cfg.head_dim
+    by_kv_head = lambda w: w.reshape(*w.shape[:-1], Hkv, -1, D)  # [..., n * D] -> [..., Hkv, n / Hkv, D]
+    attn["qkv"] = {name: jnp.concatenate([by_kv_head(p[name]) for p in (q, k, v)], axis=-2) for name in q}
+    mlp["gate_up"] = {"kernel": jnp.stack([mlp.pop("gate")["kernel"], mlp.pop("up")["kernel"]], axis=-2)}
+    return {**layer, "attn": attn, "mlp": mlp}

@@ -1,0 +1,95 @@
+"""The target's decoding layout (per-layer parameters, fused projections; `decoding_params`) computes what the stacked
+layout of checkpoints and training computes: logits, KV cache and hidden states, for prefill and cached extension."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
+
+from specformer_jax.config import TargetConfig
+from specformer_jax.modeling.kv_cache import KVCache, target_cache
+from specformer_jax.modeling.target import Target, decoding_params
+from specformer_jax.parallel import AXES, param_shardings
+
+BASE = TargetConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2)
+CONFIGS = {
+    "llama": BASE,
+    "qwen2": dataclasses.replace(BASE, qkv_bias=True, tie_embeddings=True, model_type="qwen2"),
+    "qwen3": dataclasses.replace(BASE, qk_norm=True, head_dim=32, tie_embeddings=True, model_type="qwen3"),
+    "mistral": dataclasses.replace(BASE, num_kv_heads=1, sliding_window=4, model_type="mistral"),
+}
+HOOKS = (0, 1, 2, -1)  # the embeddings, both inner layers' outputs, the final-normed output
+
+
+def random_params(cfg: TargetConfig):
+    """Stacked-layout parameters, every tensor random (norm scales and biases too, so a misplaced one would show);
+    drawn with numpy, as compiling Flax's init takes seconds."""
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
+    shapes = jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    rng = np.random.default_rng(0)
+    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), shapes)
+
+
+def assert_same_outputs(a, b):
+    (logits_a, cache_a, hidden_a), (logits_b, cache_b, hidden_b) = a, b
+    np.testing.assert_allclose(logits_a, logits_b, atol=1e-4, rtol=1e-4)
+    for x, y in ((cache_a.k, cache_b.k), (cache_a.v, cache_b.v)):
+        np.testing.assert_allclose(x, y, atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
+    assert hidden_a.keys() == hidden_b.keys()
+    for i in hidden_a:
+        np.testing.assert_allclose(hidden_a[i], hidden_b[i], atol=1e-4, rtol=1e-4, err_msg=f"hidden state {i}")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def prefill_extend_step(cfg: TargetConfig, params, prompts, extension, step):
+    """A ragged prefill (right padding), a ragged 3-token extension with logits at chosen positions, and a one-token
+    step: each call's (logits, cache, hidden). One program, so each layout compiles once."""
+    model = Target(cfg, HOOKS)
+    B = prompts.shape[0]
+    prefilled = model.apply({"params": params}, prompts, target_cache(cfg, B, 16), jnp.asarray([7, 2, 5]))
+    extended = model.apply({"params": params}, extension, prefilled[1], jnp.asarray([3, 1, 2]),
+                           jnp.asarray([[2], [0], [1]]))
+    return prefilled, extended, model.apply({"params": params}, step, extended[1])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_decoding_layout_matches_the_stacked_layout(name):
+    cfg = CONFIGS[name]
+    params = random_params(cfg)
+    dcfg, dparams = decoding_params(cfg, params)
+    assert dcfg.unroll_layers and dcfg.fuse_projections
+    rng = np.random.default_rng(1)
+    tokens = [jnp.asarray(rng.integers(3, cfg.vocab_size, (3, T)), jnp.int32) for T in (7, 3, 1)]
+    stacked, decoding = prefill_extend_step(cfg, params, *tokens), prefill_extend_step(dcfg, dparams, *tokens)
+    for a, b in zip(stacked, decoding):
+        assert_same_outputs(a, b)
+
+
+def test_decoding_params_layout():
+    """The converted tree is the one the decoding layout initialises (names and shapes), keeps the entries the
+    drafter reads, shards its fused kernels by KV head and MLP unit, and converting twice changes nothing."""
+    cfg = CONFIGS["qwen2"]
+    params = random_params(cfg)
+    dcfg, dparams = decoding_params(cfg, params)
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
+    expected = jax.eval_shape(Target(dcfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    shapes = lambda tree: jax.tree.map(lambda w: (w.shape, w.dtype), tree)
+    assert shapes(dparams) == shapes(expected)
+    assert sorted(dparams) == ["embed", "final_norm"] + [f"layers_{i}" for i in range(cfg.num_layers)]
+    assert dparams["embed"] is params["embed"] and dparams["final_norm"] is params["final_norm"]
+    assert decoding_params(dcfg, dparams) == (dcfg, dparams)
+    assert hash(dcfg) != hash(cfg) and dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False) == cfg
+
+    mesh = AbstractMesh((1, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3)
+    layer = param_shardings(dparams, mesh)["layers_0"]
+    assert layer["attn"]["qkv"]["kernel"].spec == P("fsdp", "tensor", None, None)
+    assert layer["attn"]["qkv"]["bias"].spec == P("tensor", None, None)
+    assert layer["mlp"]["gate_up"]["kernel"].spec == P("fsdp", None, "tensor")
