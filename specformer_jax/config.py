@@ -81,8 +81,8 @@ class TargetConfig:
     dtype: str = "float32"  # parameter and activation dtype: float32 | bfloat16
     attention_impl: str = "auto"  # pallas_kernels.ragged_attention impl: auto | reference | pallas | interpret | ...
     # Parameter layout (modeling/target.py). Checkpoints and training: layers stacked and run under a scan, separate
-    # q/k/v and gate/up. Decoding: `decoding_params` turns that into per-layer parameters (a Python loop over layers)
-    # with fused projections.
+    # q/k/v and gate/up. Decoding: `decoding_params` turns that into per-layer parameters (a Python loop over layers),
+    # optionally with fused projections.
     unroll_layers: bool = False
     fuse_projections: bool = False
 

@@ -1,5 +1,6 @@
-"""The target's decoding layout (per-layer parameters, fused projections; `decoding_params`) computes what the stacked
-layout of checkpoints and training computes: logits, KV cache and hidden states, for prefill and cached extension."""
+"""The target's decoding layouts (per-layer parameters, with or without fused projections; `decoding_params`) compute
+what the stacked layout of checkpoints and training computes: logits, KV cache and hidden states, for prefill and
+cached extension."""
 
 from __future__ import annotations
 
@@ -61,35 +62,46 @@ def prefill_extend_step(cfg: TargetConfig, params, prompts, extension, step):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_decoding_layout_matches_the_stacked_layout(name):
+def test_decoding_layouts_match_the_stacked_layout(name):
     cfg = CONFIGS[name]
     params = random_params(cfg)
-    dcfg, dparams = decoding_params(cfg, params)
-    assert dcfg.unroll_layers and dcfg.fuse_projections
     rng = np.random.default_rng(1)
     tokens = [jnp.asarray(rng.integers(3, cfg.vocab_size, (3, T)), jnp.int32) for T in (7, 3, 1)]
-    stacked, decoding = prefill_extend_step(cfg, params, *tokens), prefill_extend_step(dcfg, dparams, *tokens)
-    for a, b in zip(stacked, decoding):
-        assert_same_outputs(a, b)
+    stacked = prefill_extend_step(cfg, params, *tokens)
+    for fuse in (False, True):
+        dcfg, dparams = decoding_params(cfg, params, fuse)
+        assert dcfg.unroll_layers and dcfg.fuse_projections == fuse
+        for a, b in zip(stacked, prefill_extend_step(dcfg, dparams, *tokens)):
+            assert_same_outputs(a, b)
 
 
-def test_decoding_params_layout():
-    """The converted tree is the one the decoding layout initialises (names and shapes), keeps the entries the
-    drafter reads, shards its fused kernels by KV head and MLP unit, and converting twice changes nothing."""
-    cfg = CONFIGS["qwen2"]
+@pytest.mark.parametrize("name", ["llama", "qwen2"])  # an LM head of its own; tied embeddings and q/k/v biases
+def test_decoding_params_layout(name):
+    """The converted tree is the one the decoding layout initialises (names and shapes) and keeps the entries the
+    drafter reads; converting again to the same layout changes nothing, to the other one is refused."""
+    cfg = CONFIGS[name]
     params = random_params(cfg)
-    dcfg, dparams = decoding_params(cfg, params)
     cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
-    expected = jax.eval_shape(Target(dcfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
     shapes = lambda tree: jax.tree.map(lambda w: (w.shape, w.dtype), tree)
-    assert shapes(dparams) == shapes(expected)
-    assert sorted(dparams) == ["embed", "final_norm"] + [f"layers_{i}" for i in range(cfg.num_layers)]
-    assert dparams["embed"] is params["embed"] and dparams["final_norm"] is params["final_norm"]
-    assert decoding_params(dcfg, dparams) == (dcfg, dparams)
-    assert hash(dcfg) != hash(cfg) and dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False) == cfg
+    kept = ["embed", "final_norm"] + ([] if cfg.tie_embeddings else ["lm_head"])
+    for fuse in (False, True):
+        dcfg, dparams = decoding_params(cfg, params, fuse)
+        expected = jax.eval_shape(Target(dcfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)
+        assert shapes(dparams) == shapes(expected["params"])
+        assert sorted(dparams) == sorted(kept + [f"layers_{i}" for i in range(cfg.num_layers)])
+        assert all(dparams[k] is params[k] for k in kept)
+        again = decoding_params(dcfg, dparams, fuse)
+        assert again[0] == dcfg and again[1] is dparams
+        with pytest.raises(ValueError, match="stacked"):
+            decoding_params(dcfg, dparams, not fuse)
+        assert hash(dcfg) != hash(cfg) and dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False) == cfg
 
-    mesh = AbstractMesh((1, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3)
-    layer = param_shardings(dparams, mesh)["layers_0"]
+
+def test_fused_kernels_shard_like_the_separate_ones():
+    """Tensor parallelism splits the fused q/k/v kernel by KV head and the fused gate/up kernel by MLP unit."""
+    cfg = CONFIGS["qwen2"]
+    _, dparams = decoding_params(cfg, random_params(cfg), fuse=True)
+    layer = param_shardings(dparams, AbstractMesh((1, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3))["layers_0"]
     assert layer["attn"]["qkv"]["kernel"].spec == P("fsdp", "tensor", None, None)
     assert layer["attn"]["qkv"]["bias"].spec == P("tensor", None, None)
     assert layer["mlp"]["gate_up"]["kernel"].spec == P("fsdp", None, "tensor")

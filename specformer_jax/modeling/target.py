@@ -4,15 +4,14 @@ One call serves prefill and multi-token extension: the T new tokens of row b are
 positions cache.lengths[b] .. cache.lengths[b] + T - 1 and attend causally to everything before them.
 Two parameter layouts (TargetConfig.unroll_layers, .fuse_projections): checkpoints and training stack the layers'
 parameters under "layers" and run them under `nn.scan` (one compiled layer body: compile time flat in depth);
-decoding runs a Python loop over per-layer parameters "layers_0" .. "layers_{L-1}" with q/k/v and gate/up fused
-(`decoding_params` converts). Inside a compiled scan XLA copies each layer's weights out of the stacked arrays before
-its matmuls; separate per-layer arrays are read in place, which matters where a step reads every weight once.
+decoding runs a Python loop over per-layer parameters "layers_0" .. "layers_{L-1}", optionally with q/k/v and gate/up
+fused (`decoding_params` converts). Inside a compiled scan XLA copies each layer's weights out of the stacked arrays
+before its matmuls; separate per-layer arrays are read in place, which matters where a step reads every weight once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -163,25 +162,24 @@ class Target(nn.Module):
         return self.logits(self.final_norm(x))
 
 
-def decoding_params(cfg: TargetConfig, params) -> tuple[TargetConfig, dict]:
+def decoding_params(cfg: TargetConfig, params, fuse: bool = False) -> tuple[TargetConfig, dict]:
     """(config, parameters) in the decoding layout, from the stacked layout that checkpoints and training use:
-    per-layer parameters "layers_{i}" (cfg.unroll_layers) with q/k/v fused into "qkv" and gate/up into "gate_up"
-    (cfg.fuse_projections). The embedding, final norm and LM head are kept as they are (the drafter reads them);
-    the layer weights are copied, so call this once per model, before placing the parameters on a mesh. A config
-    already in the decoding layout comes back unchanged."""
-    if cfg.unroll_layers and cfg.fuse_projections:
+    per-layer parameters "layers_{i}" (cfg.unroll_layers); with `fuse`, q/k/v fused into "qkv" and gate/up into
+    "gate_up" (cfg.fuse_projections). Fusing pays where a step's matmuls are matrix-vector products (one row of one
+    token); on a CPU with few cores, wider steps run faster unfused (XLA runs independent matmuls side by side).
+    The embedding, final norm and LM head are kept as they are (the drafter reads them); the layer weights are
+    copied, so call this once per model, on the loaded arrays (not inside a compiled step, which would copy the
+    slices at every call) and before placing them on a mesh. A config already in the requested layout comes back
+    unchanged."""
+    if cfg.unroll_layers and cfg.fuse_projections == fuse:
         return cfg, params
     if cfg.unroll_layers or cfg.fuse_projections:
-        raise ValueError("decoding_params takes stacked, unfused parameters (TargetConfig's default layout)")
+        raise ValueError("decoding_params converts the stacked, unfused layout of checkpoints and training")
     out = {name: p for name, p in params.items() if name != "layers"}
-    out.update((f"layers_{i}", layer) for i, layer in enumerate(_split_and_fuse(cfg, params["layers"])))
-    return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=True), out
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _split_and_fuse(cfg: TargetConfig, layers) -> list:
-    """Stacked layer parameters [L, ...] -> one tree per layer, with fused projections (one compiled copy)."""
-    return [_fused(cfg, jax.tree.map(lambda w: w[i], layers)) for i in range(cfg.num_layers)]
+    for i in range(cfg.num_layers):  # op by op: every layer has the same shapes, so each op compiles once
+        layer = jax.tree.map(lambda w: w[i], params["layers"])
+        out[f"layers_{i}"] = _fused(cfg, layer) if fuse else layer
+    return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=fuse), out
 
 
 def _fused(cfg: TargetConfig, layer) -> dict:
