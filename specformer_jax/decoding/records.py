@@ -13,6 +13,7 @@ absent: they are measured or learned again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -166,13 +167,19 @@ def _hashed(parts) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
+def _model(model: LoadedTarget) -> str:
+    """The target as its checkpoint describes it: in the decoding layout (modeling/target.py, `decoding_params`) it is
+    the same model, so its records are the same."""
+    return repr(dataclasses.replace(model.cfg, unroll_layers=False, fuse_projections=False))
+
+
 def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> str:
     dev = jax.devices()[0]
-    return _hashed([dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size,
+    return _hashed([dev.platform, dev.device_kind, jax.__version__, _model(model), repr(drafter.cfg), batch_size,
                     cache_len, code_fingerprint()])
 
 
 def _drafter_key(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> str:
     first = jax.tree.leaves(drafter.params)[0]
-    return _hashed([repr(model.cfg), repr(drafter.cfg), drafter.meta.get("eval"), sampled,
+    return _hashed([_model(model), repr(drafter.cfg), drafter.meta.get("eval"), sampled,
                     hashlib.sha256(jax.device_get(first).tobytes()).hexdigest()])
