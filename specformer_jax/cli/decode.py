@@ -72,9 +72,13 @@ def run_generate(args) -> int:
         print()
     elif not streamed:
         for p, text, ids in zip(prompts, result.texts, result.token_ids):
-            shown = p if isinstance(p, str) else f"<{len(p)} token ids>"
-            print(f">>> {shown}\n{text if text is not None else ids}\n")
+            print(f">>> {_shown(p)}\n{text if text is not None else ids}\n")
     return 0
+
+
+def _shown(prompt) -> str:
+    """How a prompt heads its answer: its text, or how many token ids it has."""
+    return prompt if isinstance(prompt, str) else f"<{len(prompt)} token ids>"
 
 
 def _streamed(model, prompt, options: dict):
@@ -82,7 +86,7 @@ def _streamed(model, prompt, options: dict):
     from specformer_jax.decoding.api import generate_stream
 
     events = generate_stream(model, [prompt], **options)
-    print(f">>> {prompt if isinstance(prompt, str) else f'<{len(prompt)} token ids>'}", flush=True)
+    print(f">>> {_shown(prompt)}", flush=True)
     ids, shown = [], ""
     while True:
         try:

@@ -53,8 +53,8 @@ class _Engine:
     def __init__(self, plan: DecodePlan, params, dparams, pool_size: int, max_len: int, mesh):
         self.plan, self.params, self.dparams, self.mesh = plan, params, dparams, mesh
         self.compile_seconds = 0.0
-        shape = jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len))
-        self.shardings = decode_state_shardings(shape, mesh) if mesh is not None else None
+        self.shardings = None if mesh is None else decode_state_shardings(
+            jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len)), mesh)
         make = self._compiled(("empty_pool", pool_size, max_len), lambda: empty_pool(plan, pool_size, max_len), ())
         self.pool: Pool = make()
 
