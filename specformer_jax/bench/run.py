@@ -30,8 +30,9 @@ from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
 
-# decode_steps: loop iterations (plain steps, speculative rounds)
-KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "draft_len",
+# decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
+KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
+        "draft_len",
         "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds",
         "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds")
 

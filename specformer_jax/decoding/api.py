@@ -127,13 +127,13 @@ def _prepare(
         check_drafter_fits(drafter, model.cfg)
     draft_len = check_draft_len(drafter, draft_len, records)
     mesh = _checked_mesh(mesh)
-    model = _decoding_layout(model)
     ids = encode_prompts(model, prompts, chat)
     check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position, "cache positions but the cache holds")
     B = min(batch_size, len(ids))
     if mesh is not None:
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
         B = -(-B // rows) * rows
+    model = _decoding_layout(model, fuse=B == 1)
     params, dparams = _placed(model, drafter, mesh)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
@@ -166,18 +166,19 @@ def _decode(job: _Job, stream: bool):
     return GenerationResult(texts, run.token_ids, stats)
 
 
-_LAYOUTS: dict[int, tuple[LoadedTarget, LoadedTarget]] = {}  # id(model) -> (model, in the decoding layout)
+_LAYOUTS: dict[tuple[int, bool], tuple[LoadedTarget, LoadedTarget]] = {}  # (id(model), fuse) -> (model, converted)
 
 
-def _decoding_layout(model: LoadedTarget) -> LoadedTarget:
-    """The model with per-layer parameters and fused projections (modeling/target.py, `decoding_params`): on a CPU a
-    step runs well faster than under the training layout's scan. Converted once per model: the last two are kept."""
+def _decoding_layout(model: LoadedTarget, fuse: bool) -> LoadedTarget:
+    """The model with per-layer parameters (modeling/target.py, `decoding_params`): a step runs faster than under
+    the training layout's scan. `fuse` (a pool of one row): q/k/v and gate/up fused, fewer and larger matrix-vector
+    products. Converted once per model and layout: the last two are kept. A model already converted is used as is."""
     if model.cfg.unroll_layers:
         return model
-    held = _LAYOUTS.get(id(model))
+    held = _LAYOUTS.get((id(model), fuse))
     if held is None or held[0] is not model:
-        cfg, params = decoding_params(model.cfg, model.params)
-        held = _LAYOUTS[id(model)] = (model, dataclasses.replace(model, cfg=cfg, params=params))
+        cfg, params = decoding_params(model.cfg, model.params, fuse)
+        held = _LAYOUTS[(id(model), fuse)] = (model, dataclasses.replace(model, cfg=cfg, params=params))
         while len(_LAYOUTS) > 2:
             del _LAYOUTS[next(iter(_LAYOUTS))]
     return held[1]

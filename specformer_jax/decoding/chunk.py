@@ -4,7 +4,7 @@ A round is a plain step when the plan drafts nothing (k = 0: the target's forwar
 speculative round otherwise (over [x, d_1..d_k], then the drafter); the bookkeeping is shared, and rows that are
 done or empty change nothing. A chunk's trip count is static, so a GPU replays its body without copying a loop
 predicate to the host each round (a data-dependent `while_loop` does that); the host looks at the pool only between
-chunks. On a CPU the host is the device and a branch is free, so there a round with no live row is skipped.
+chunks. Rounds in which every row is done run too (a branch skipping them would carry the caches through it).
 """
 
 from __future__ import annotations
@@ -59,7 +59,4 @@ def decode_round(plan: DecodePlan, params, dparams, head, s: Pool) -> Pool:
 def run_chunk(plan: DecodePlan, params, dparams, pool: Pool) -> Pool:
     """plan.chunk_rounds rounds on the pool."""
     head = draft_head_params(plan.cfg, params) if plan.speculative else None  # once per chunk, outside the loop
-    one = lambda s: decode_round(plan, params, dparams, head, s)
-    skip_idle = lambda s: jax.lax.cond(jnp.any(~s.done), one, lambda s: s, s)
-    body = lambda _, s: jax.lax.platform_dependent(s, cpu=skip_idle, default=one)  # chosen where it lowers
-    return jax.lax.fori_loop(0, plan.chunk_rounds, body, pool)
+    return jax.lax.fori_loop(0, plan.chunk_rounds, lambda _, s: decode_round(plan, params, dparams, head, s), pool)

@@ -56,6 +56,7 @@ class DecodeRun:
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
     steps: int = 0  # pool rounds run with a live row: plain steps or speculative rounds (prefills not counted)
+    rounds_run: int = 0  # pool rounds run: chunks x R, the rounds after every row was done included
     plain_steps: int | None = None  # static schedule: the steps plain decoding needs for the same tokens
     live_row_rounds: int = 0  # rounds summed over requests: how full the pool ran
     pool_size: int = 0
@@ -70,7 +71,8 @@ class DecodeRun:
                 "tokens_per_second": num_generated / self.run_seconds if self.run_seconds else 0.0,
                 "requests_per_second": len(self.token_ids) / self.run_seconds if self.run_seconds else 0.0,
                 "run_seconds": self.run_seconds, "compile_seconds": self.compile_seconds, "decode_steps": self.steps,
-                "pool_occupancy": self.live_row_rounds / max(self.steps * self.pool_size, 1),
+                "rounds_run": self.rounds_run,
+                "pool_occupancy": self.live_row_rounds / max(self.rounds_run * self.pool_size, 1),
                 "latency_seconds": {f"p{q}": float(np.percentile(lat, q)) for q in (50, 90, 99)}}
 
     def speculative_stats(self) -> dict:

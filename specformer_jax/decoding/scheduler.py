@@ -102,6 +102,7 @@ def decode_requests(plan: DecodePlan, params, dparams, ids: list[list[int]], poo
                 taken = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 _refill(engine, ids, budgets, keys, taken, free, slot_req)
             engine.chunk()
+            run.rounds_run += plan.chunk_rounds
             done, num_out = jax.device_get((engine.pool.done, engine.pool.num_out))
             if stream:
                 t = time.perf_counter()
