@@ -113,26 +113,28 @@ def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rou
         assert model.eos_ids[0] not in got[:-1]
 
 
-def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference):
+@pytest.mark.parametrize("pool, backwards", [(3, False), pytest.param(5, True, marks=pytest.mark.slow)])
+def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference, pool, backwards):
     cfg = DrafterConfig(num_slots=3)
     drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
-    for pool, order in ((3, None), (5, list(range(len(PROMPTS)))[::-1])):
-        plan = make_plan(model, drafter, 2, SamplingConfig(), N, chunk_rounds=4)
-        assert run(plan, model, drafter.params, pool=pool, order=order)[0] == reference
+    order = list(range(len(PROMPTS)))[::-1] if backwards else None
+    plan = make_plan(model, drafter, 2, SamplingConfig(), N, chunk_rounds=4)
+    assert run(plan, model, drafter.params, pool=pool, order=order)[0] == reference
 
 
-def test_sampled_requests_do_not_depend_on_pool_size_or_insertion_order(model):
+# plain decoding's samples against batch composition are also checked in test_decoding.py, in `make test`
+@pytest.mark.parametrize("draft_len", [pytest.param(0, marks=pytest.mark.slow), 2])
+def test_sampled_requests_do_not_depend_on_pool_size_or_insertion_order(model, draft_len):
     cfg = DrafterConfig(num_slots=3)
     drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
     sampling = SamplingConfig(temperature=1.0, top_k=50)
     keys = jax.random.split(jax.random.key(7), len(PROMPTS))
-    for draft_len in (0, 2):
-        plan = make_plan(model, drafter, draft_len, sampling, N, chunk_rounds=4)
-        first = run(plan, model, drafter.params, pool=3, keys=keys)[0]
-        backwards = list(range(len(PROMPTS)))[::-1]
-        assert run(plan, model, drafter.params, pool=5, schedule="static", order=backwards, keys=keys)[0] == first
-        other = run(plan, model, drafter.params, pool=3, keys=jax.random.split(jax.random.key(8), len(PROMPTS)))[0]
-        assert other != first  # the keys do matter
+    plan = make_plan(model, drafter, draft_len, sampling, N, chunk_rounds=4)
+    first = run(plan, model, drafter.params, pool=3, keys=keys)[0]
+    backwards = list(range(len(PROMPTS)))[::-1]
+    assert run(plan, model, drafter.params, pool=5, schedule="static", order=backwards, keys=keys)[0] == first
+    other = run(plan, model, drafter.params, pool=3, keys=jax.random.split(jax.random.key(8), len(PROMPTS)))[0]
+    assert other != first  # the keys do matter
 
 
 def test_streamed_tokens_add_up_to_the_results(model):
@@ -151,6 +153,7 @@ def test_streamed_tokens_add_up_to_the_results(model):
 
 
 def test_ctrl_c_stops_at_the_next_chunk_boundary(model):
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN under a shell's background job
     stream = generate_stream(model, PROMPTS, max_new_tokens=N, batch_size=2, chunk_rounds=2)
     next(stream)
     os.kill(os.getpid(), signal.SIGINT)  # the engine's handler notes it; the chunk in flight finishes
@@ -158,7 +161,7 @@ def test_ctrl_c_stops_at_the_next_chunk_boundary(model):
         for _ in stream:
             pass
     assert err.value.finished < len(PROMPTS)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_bad_schedule_and_chunk_rounds_are_refused(model):

@@ -76,7 +76,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     for bs in batch_sizes:
         if log and isinstance(draft_len, AutoDraftLen):
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
-                  f"compiles and times {drafter.cfg.num_slots + 1} decoding loops)", file=log)
+                  f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=log)
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
         count = num_requests or max(bs, len(prompts))
         row = _batch_size_row(model, drafter, [prompts[i % len(prompts)] for i in range(count)], repeats, engine,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import signal
 import threading
@@ -59,8 +60,10 @@ class _Engine:
         self.pool: Pool = make()
 
     def _compiled(self, name, fn, args, donate=()):
-        compiled, seconds = runner.COMPILED.get(name, self.plan, fn, args, mesh=self.mesh, donate=donate,
-                                         out_shardings=self.shardings)
+        """The compiled fn; only the chunk depends on R, so the others are shared by plans that differ in R alone."""
+        plan = self.plan if name == "chunk" else dataclasses.replace(self.plan, chunk_rounds=0)
+        compiled, seconds = runner.COMPILED.get(name, plan, fn, args, mesh=self.mesh, donate=donate,
+                                                out_shardings=self.shardings)
         self.compile_seconds += seconds
         return compiled
 
