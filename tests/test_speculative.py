@@ -68,8 +68,10 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
     return ref, run.token_ids, run
 
 
-@pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])  # 7 ragged rows cover 1 (CI time)
-@pytest.mark.parametrize("variant", ["bidirectional", pytest.param("causal", marks=pytest.mark.slow), "next_token"])
+# CI time: 7 ragged rows cover 1; the bidirectional drafter on the engine's pool is in test_engine.py
+@pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) for v in ("bidirectional", "causal")]
+                         + ["next_token"])
 def test_specformer_drafter_is_lossless(model, rows, variant):
     cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
                         next_token_input=variant == "next_token")
@@ -102,6 +104,7 @@ def test_useless_drafter_accepts_nothing(model):
     np.testing.assert_array_equal(s.rows["row_rounds"], N - 1)  # one token per round, like AR
 
 
+@pytest.mark.slow  # CI time: test_engine.py ends requests by EOS and budget inside rounds too
 def test_eos_inside_a_round_and_budget_hit_mid_round(model):
     base = generate(model, PROMPTS, max_new_tokens=N).token_ids
     row0 = base[0]
