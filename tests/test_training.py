@@ -300,7 +300,8 @@ def test_a_periodic_eval_with_nothing_to_score_is_refused_before_training(tiny_c
     assert not (tmp_path / "run").exists()
 
 
-def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records):
+@pytest.mark.parametrize("seq_len", [pytest.param(6, marks=pytest.mark.slow), 40])  # 6: rows cut inside prompts
+def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records, seq_len):
     """dataset.scored_positions (host arithmetic) against the positions the jitted loss counts."""
     from specformer_jax.training.batches import eval_batches
     from specformer_jax.training.dataset import scored_positions
@@ -310,8 +311,7 @@ def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records):
     cfg = DrafterConfig(num_slots=3)
     params = trainer.init_drafter(target.cfg, cfg, jax.random.key(0))
     cut = [{**r, "input_ids": r["input_ids"][: r["prompt_len"] + n % 7]} for n, r in enumerate(records)]
-    for seq_len in (6, 40):
-        b = eval_batches(cut, seq_len=seq_len, batch_size=len(cut), num_batches=1)[0]
-        sums = drafter_loss(params, target.params, b["tokens"], b["label_mask"], target_cfg=target.cfg,
-                            drafter_cfg=cfg)[1]
-        assert scored_positions(cut, seq_len, 3) == int(sums["positions"]), seq_len
+    b = eval_batches(cut, seq_len=seq_len, batch_size=len(cut), num_batches=1)[0]
+    sums = drafter_loss(params, target.params, b["tokens"], b["label_mask"], target_cfg=target.cfg,
+                        drafter_cfg=cfg)[1]
+    assert scored_positions(cut, seq_len, 3) == int(sums["positions"])
