@@ -32,9 +32,8 @@ from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default
 
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
 KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
-        "draft_len",
-        "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot", "rounds",
-        "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds")
+        "draft_len", "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot",
+        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds")
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
