@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest workers (pytest-xdist); each test file runs whole in one worker, so its module fixtures load once
+JOBS ?= 2
 
 .PHONY: demo lint test test-all venv clean
 
@@ -26,10 +28,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: lint
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" -q -n $(JOBS) --dist loadfile
 
 test-all: lint
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache
