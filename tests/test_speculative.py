@@ -198,7 +198,9 @@ def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints
     assert result["model_facts"]["drafter_weight_bytes"] > 0
     assert result["device_measured"]["read_bandwidth_gb_per_s"] > 0
     assert main(["report", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.md")]) == 0
-    assert (tmp_path / "r.md").read_text().count("| 4 | ") == 1  # the batch-4 row
+    report = (tmp_path / "r.md").read_text()
+    assert report.count("| 4 | ") == 2  # the batch-4 row, and its TPU estimates
+    assert "| 4 | 3 | " in report and "TPU v5p (estimate)" in report
     assert "--batch-sizes" in cli_error(argv[:-4] + ["--batch-sizes", "1,x", "--out", str(tmp_path / "q.json")])
     assert "is not a file" in cli_error(argv[:-4] + ["--out", str(tmp_path)])
     assert "which is a file" in cli_error(argv[:-4] + ["--out", str(tmp_path / "r.json" / "x.json")])

@@ -2,8 +2,9 @@
 
 For every file and batch size: measured plain and speculative tokens/s, the roofline bound of each (bench/roofline.py,
 at the benchmark's mid-decode context length and the measured mean accepted length), the fraction of the bound
-reached, and measured vs estimated speedup. The plot draws speedup per batch size, one line per device (measured
-solid, roofline dashed).
+reached, and measured vs estimated speedup; files of `bench --set-acceptance` have a row per batch size and rate.
+For the same shapes, the roofline speedup on TPUs (TPU_ESTIMATES, published limits): estimates, labelled as such.
+The plot draws speedup per batch size, one line per device and rate (measured solid, roofline dashed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ FACTS = ("target_weight_bytes", "kv_bytes_per_token", "target_matmul_flops_per_t
 DRAFTER_FACTS = ("drafter_weight_bytes", "drafter_context_flops_per_token",
                  "drafter_attention_flops_per_token_per_context", "drafter_slot_flops_fixed",
                  "drafter_slot_flops_per_slot")
+TPU_ESTIMATES = ("TPU v5e", "TPU v5p", "TPU v6e")
 KERNELS_KEYS = {"impl", "chain", "num_kv_heads"}  # in `specformer bench-kernels` files, which have no "model"
 
 TEXT = Kind("text", lambda v: isinstance(v, str), str)
@@ -102,16 +104,21 @@ def load_results(paths: list[Path]) -> list[dict]:
     return out
 
 
+def _context(doc: dict) -> float:
+    """The mid-decode context length the roofline is taken at."""
+    return doc["mean_prompt_tokens"] + doc["max_new_tokens"] / 2
+
+
 def estimate(doc: dict) -> list[dict]:
-    """Per batch size: measured numbers and their roofline counterparts."""
+    """Per batch size (and set acceptance rate): measured numbers and their roofline counterparts."""
     bw, peak, source = device_limits(doc)  # load_results checked that the file has what this reads
-    facts = doc["model_facts"]
-    context = doc["mean_prompt_tokens"] + doc["max_new_tokens"] / 2
+    facts, context = doc["model_facts"], _context(doc)
     rows = []
     for r in doc["results"]:
         B = r["batch_size"]
         t_step = step_seconds(facts, B, context, bw, peak)
-        row = {"batch_size": B, "ar": r["ar"]["tokens_per_second"], "ar_roofline": B / t_step, "limits": source}
+        row = {"batch_size": B, "rate": r.get("set_acceptance"), "ar": r["ar"]["tokens_per_second"],
+               "ar_roofline": B / t_step, "limits": source}
         spec = r.get("spec")
         if spec and spec.get("draft_len", doc.get("draft_len", 0)):  # load_results checked the drafter facts
             k = spec.get("draft_len", doc["draft_len"])
@@ -122,6 +129,32 @@ def estimate(doc: dict) -> list[dict]:
                         "equivalence": r.get("output_equivalence")})
         rows.append(row)
     return rows
+
+
+def tpu_estimates(doc: dict) -> list[dict]:
+    """The roofline speedup of the file's model, batch sizes, k and measured AL on each TPU of TPU_ESTIMATES, from
+    published limits: what the same shapes would give there, estimated (no TPU ran)."""
+    facts, context = doc["model_facts"], _context(doc)
+    out = []
+    for r in estimate(doc):
+        if "spec" not in r:
+            continue
+        row = {key: r[key] for key in ("batch_size", "rate", "k", "al")}
+        for device in TPU_ESTIMATES:
+            bandwidth, bf16, f32 = DEVICE_SPECS[device]
+            limits = (bandwidth * 1e9, (f32 if doc["dtype"] == "float32" else bf16) * 1e12)
+            t_step = step_seconds(facts, r["batch_size"], context, *limits)
+            row[device] = r["al"] * t_step / round_seconds(facts, r["batch_size"], context, r["k"], *limits)
+        out.append(row)
+    return out
+
+
+def _key(r: dict) -> tuple:
+    return r["batch_size"], r["rate"] if r["rate"] is not None else -1.0
+
+
+def _batch(r: dict) -> str:
+    return str(r["batch_size"]) + ("" if r["rate"] is None else f", a = {r['rate']:g}")
 
 
 def _label(doc: dict) -> str:
@@ -154,13 +187,14 @@ def render_markdown(docs: list[dict]) -> str:
         if len(setups) > 1:
             lines += ["The files differ in more than the device (draft length, drafter or answer length): "
                       + "; ".join(f"{_label(d)}: {_setup(d)}" for d in docs) + ".", ""]
-        by_file = [{r["batch_size"]: r for r in estimate(doc)} for doc in docs]
+        by_file = [{_key(r): r for r in estimate(doc)} for doc in docs]
         lines += ["| batch | " + " | ".join(_label(d) for d in docs) + " |",
                   "|---:|" + "---:|" * len(docs)]
         for b in sorted({b for rows in by_file for b in rows}):
             cells = [f"{rows[b]['speedup']:.2f}x (roofline {rows[b]['speedup_roofline']:.2f}x)"
                      if "spec" in rows.get(b, {}) else "" for rows in by_file]
-            lines.append(f"| {b} | " + " | ".join(cells) + " |")
+            shown = next(rows[b] for rows in by_file if b in rows)
+            lines.append(f"| {_batch(shown)} | " + " | ".join(cells) + " |")
         lines.append("")
     for doc in docs:
         bw, peak, source = device_limits(doc)
@@ -173,7 +207,7 @@ def render_markdown(docs: list[dict]) -> str:
                   "| speculative roofline tok/s | % of roofline | speedup | roofline speedup | same output |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in estimate(doc):
-            cells = [r["batch_size"], _tps(r["ar"]), _tps(r["ar_roofline"]), f"{100 * r['ar'] / r['ar_roofline']:.0f}%"]
+            cells = [_batch(r), _tps(r["ar"]), _tps(r["ar_roofline"]), f"{100 * r['ar'] / r['ar_roofline']:.0f}%"]
             if "spec" in r:
                 eq = "" if r["equivalence"] is None else f"{100 * r['equivalence']:.0f}%"
                 cells += [r["k"], f"{r['al']:.2f}", _tps(r["spec"]), _tps(r["spec_roofline"]),
@@ -182,8 +216,23 @@ def render_markdown(docs: list[dict]) -> str:
             else:
                 cells += ["0"] + [""] * 7
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-        lines.append("")
+        lines += [""] + _tpu_lines(doc)
     return "\n".join(lines)
+
+
+def _tpu_lines(doc: dict) -> list[str]:
+    """The file's TPU roofline estimates as a Markdown table (none when it has no speculative rows)."""
+    rows = tpu_estimates(doc)
+    if not rows:
+        return []
+    lines = [f"Estimates, not measurements: the roofline speedup of the same model, batch sizes, k and measured AL "
+             f"on TPUs ({doc['dtype']}, published bandwidth and matmul peak).", "",
+             "| batch | k | AL | " + " | ".join(f"{d} (estimate)" for d in TPU_ESTIMATES) + " |",
+             "|---:|---:|---:|" + "---:|" * len(TPU_ESTIMATES)]
+    for r in rows:
+        lines.append(f"| {_batch(r)} | {r['k']} | {r['al']:.2f} | "
+                     + " | ".join(f"{r[d]:.2f}x" for d in TPU_ESTIMATES) + " |")
+    return lines + [""]
 
 
 def plot_report(docs: list[dict], out_png: Path) -> None:
@@ -193,12 +242,13 @@ def plot_report(docs: list[dict], out_png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5))
-    for i, doc in enumerate(docs):
-        rows = [r for r in estimate(doc) if "spec" in r]
+    lines = [(doc, rate) for doc in docs for rate in dict.fromkeys(r.get("set_acceptance") for r in doc["results"])]
+    for i, (doc, rate) in enumerate(lines):
+        rows = [r for r in estimate(doc) if "spec" in r and r["rate"] == rate]
         if not rows:
             continue
         bs = [r["batch_size"] for r in rows]
-        label = f"{_label(doc)}, {_setup(doc)}"
+        label = f"{_label(doc)}, {_setup(doc)}" + ("" if rate is None else f", set acceptance {rate:g}")
         ax.plot(bs, [r["speedup"] for r in rows], "o-", color=f"C{i}", label=f"{label}: measured")
         ax.plot(bs, [r["speedup_roofline"] for r in rows], "--", color=f"C{i}", label=f"{label}: roofline")
     ax.axhline(1.0, color="grey", lw=0.8)

@@ -21,6 +21,7 @@ from typing import Callable
 
 import flax
 import jax
+import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
@@ -33,20 +34,24 @@ from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
 KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
         "draft_len", "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot",
-        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds")
+        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds", "law_accepted_length")
 
 
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
                   chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log=sys.stderr,
-                  on_progress: Callable[[dict], None] | None = None) -> dict:
+                  on_progress: Callable[[dict], None] | None = None, set_acceptance: list[float] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
     speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`).
     `num_requests`: the prompts cycled to this many requests, each decoded to its natural length up to
     max_new_tokens (default: as many as the prompts, at least a full batch). `schedules`: the first is the row's
-    "ar"/"spec"; a second one adds its own sides under its name, and ratios of the first over it."""
+    "ar"/"spec"; a second one adds its own sides under its name, and ratios of the first over it.
+    `set_acceptance`: rates; each batch size gets a row per rate, its speculative side decoded with acceptance set
+    at that rate (decoding/api.py): a cost measurement, its text meaningless. A model without a tokenizer (random
+    weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`)."""
+    prompts = synthetic_prompts(model, prompts)
     if drafter is not None:  # checked before the first (plain) pass, not after it
         draft_len = check_draft_len(drafter, draft_len, records)
     shown = ("auto" if isinstance(draft_len, AutoDraftLen) else draft_len if draft_len is not None
@@ -72,21 +77,22 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
         "results": [],
         "complete": False,
     }
+    if set_acceptance:
+        doc["set_acceptance"] = {"rates": list(set_acceptance), "note": SET_ACCEPTANCE_NOTE}
     for bs in batch_sizes:
         if log and isinstance(draft_len, AutoDraftLen):
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=log)
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
         count = num_requests or max(bs, len(prompts))
-        row = _batch_size_row(model, drafter, [prompts[i % len(prompts)] for i in range(count)], repeats, engine,
-                              dict(draft_len=draft_len, records=records), schedules)
-        doc["results"].append(row)
-        if log:
-            spec = row.get("spec", {})
-            speed = (f", speculative (k={spec['draft_len']}) {row['speedup']:.2f}x, "
-                     f"AL {spec.get('mean_accepted_length', 1.0):.2f}") if spec else ""
-            print(f"specformer bench: batch {bs}: AR {row['ar']['tokens_per_second']:.1f} tok/s{speed}", file=log)
-        doc["complete"] = len(doc["results"]) == len(batch_sizes)
+        requests = [prompts[i % len(prompts)] for i in range(count)]
+        for rate in set_acceptance or [None]:
+            spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate)
+            row = _batch_size_row(model, drafter, requests, repeats, engine, spec_kw, schedules)
+            doc["results"].append(row)
+            if log:
+                _log_row(row, log)
+        doc["complete"] = bs == batch_sizes[-1]
         if on_progress:
             on_progress(doc)
     return doc
@@ -110,14 +116,16 @@ def _batch_size_row(model, drafter, requests: list[Prompt], repeats: int, engine
         for side in (list(kw) if i % 2 == 0 else list(kw)[::-1]):
             runs[side].append(generate(model, requests, **kw[side]))
     row: dict = {"batch_size": engine["batch_size"], "num_rows": len(requests)}
+    if spec_kw.get("set_acceptance") is not None:
+        row["set_acceptance"] = spec_kw["set_acceptance"]
     for side, results in runs.items():
         row[side] = _side(results)
     ratio = lambda a, b: statistics.median(y.stats["tokens_per_second"] / x.stats["tokens_per_second"]
                                            for x, y in zip(runs[a], runs[b]))
     if "spec" in runs:  # the median over the pairs of runs, each taken back to back under the same conditions
         row["speedup"] = ratio("ar", "spec")
-        same = zip(runs["ar"][-1].token_ids, runs["spec"][-1].token_ids)
-        row["output_equivalence"] = sum(a == b for a, b in same) / len(requests)
+        if "set_acceptance" not in row:  # set acceptance: the speculative text is meaningless
+            row.update(_equivalence(runs["ar"][-1].token_ids, runs["spec"][-1].token_ids))
     for other in schedules[1:]:  # e.g. continuous over static, for each side
         row[f"{schedules[0]}_over_{other}"] = {side: ratio(f"{side}_{other}", side) for side in ("ar", "spec")
                                                  if side in runs}
@@ -132,4 +140,40 @@ def _side(results) -> dict:
     for name in ("tokens_per_second", "requests_per_second", "run_seconds"):
         out[name] = statistics.median(r.stats[name] for r in results)
     out["tokens_per_second_runs"] = [r.stats["tokens_per_second"] for r in results]
+    return out
+
+
+def _equivalence(plain: list[list[int]], spec: list[list[int]]) -> dict:
+    """The fraction of requests whose speculative tokens equal the plain ones, and where the others first differ
+    (bfloat16 near-ties: a verify forward and a one-token step round differently)."""
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+             for x, y in zip(plain, spec) if x != y]
+    return {"output_equivalence": 1 - len(first) / len(plain), "first_divergence": sorted(first)}
+
+
+def _log_row(row: dict, log) -> None:
+    spec = row.get("spec", {})
+    rate = f" at set acceptance {row['set_acceptance']}" if "set_acceptance" in row else ""
+    speed = (f", speculative (k={spec['draft_len']}{rate}) {row['speedup']:.2f}x, "
+             f"AL {spec.get('mean_accepted_length', 1.0):.2f}") if spec else ""
+    print(f"specformer bench: batch {row['batch_size']}: AR {row['ar']['tokens_per_second']:.1f} tok/s{speed}",
+          file=log)
+
+
+SET_ACCEPTANCE_NOTE = ("speculative rows decoded with set acceptance: each draft accepted with the row's rate when "
+                       "the ones before it were, not when the target agreed; every round paid the target's verify "
+                       "forward and the drafter as usual. The tokens are meaningless; the times are what a drafter "
+                       "of that acceptance would give.")
+
+
+def synthetic_prompts(model: LoadedTarget, prompts: list[Prompt]) -> list[Prompt]:
+    """The prompts, or for a model without a tokenizer (random weights) token ids in their place: for text prompt i,
+    len(text) // 4 ids (about a tokenizer's rate for English) drawn uniformly from the vocabulary, seeded by i."""
+    if model.tokenizer is not None:
+        return prompts
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            p = np.random.default_rng(i).integers(0, model.cfg.vocab_size, max(1, len(p) // 4)).tolist()
+        out.append(p)
     return out

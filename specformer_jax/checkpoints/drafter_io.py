@@ -99,10 +99,13 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
-    """Load a drafter directory for `target` ("default": the one shipped for the default model).
+    """Load a drafter directory for `target` ("default": the one shipped for the default model; "random": fresh
+    random weights of RANDOM_DRAFTER's shape, for measuring speed with `set_acceptance`).
 
     A drafter made for a different target is a clear error.
     """
+    if str(path) == "random":
+        return random_drafter(target)
     path = _drafter_dir(path)
     meta_path = path / "drafter.json"
     if not path.exists():
@@ -137,3 +140,14 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     params = traverse_util.unflatten_dict(params, sep="/")
     refuse_non_finite(params, path / "params.safetensors", lambda names, layer: "/".join(names))
     return LoadedDrafter(cfg, params, meta, file_sha256(path / "params.safetensors"))
+
+
+RANDOM_DRAFTER = DrafterConfig(num_slots=8)  # the paper's K = 8; widths follow the target
+
+
+def random_drafter(target: LoadedTarget, seed: int = 1) -> LoadedDrafter:
+    """A drafter of RANDOM_DRAFTER's shape for `target`, its weights drawn on the device in the target's dtype: what
+    a drafter of that size costs, whatever it would accept."""
+    params = init_drafter(target.cfg, RANDOM_DRAFTER, jax.random.key(seed))
+    meta = {"drafter": dataclasses.asdict(RANDOM_DRAFTER), "target": target_fingerprint(target.cfg), "random": True}
+    return LoadedDrafter(RANDOM_DRAFTER, params, meta)

@@ -16,6 +16,7 @@ from specformer_jax.checkpoints.convert import hf_name
 from specformer_jax.checkpoints.default import default_model_path
 from specformer_jax.checkpoints.gguf_io import gguf_name, load_gguf
 from specformer_jax.checkpoints.hf import load_hf
+from specformer_jax.checkpoints.random_weights import is_random, random_config, random_params
 from specformer_jax.config import TargetConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.kv_cache import KVCache
@@ -37,11 +38,16 @@ class LoadedTarget:
 
 
 def load_target(path: str | Path = "default", dtype: str | None = None, attention_impl: str = "auto") -> LoadedTarget:
-    """Load a target: "default" (SmolLM2-135M-Instruct GGUF), a HF checkpoint directory, or a .gguf file.
+    """Load a target: "default" (SmolLM2-135M-Instruct GGUF), a HF checkpoint directory, a .gguf file, or
+    "random:NAME", random weights of a published shape (checkpoints/random_weights.py; no tokenizer, no EOS).
 
-    dtype: "float32" or "bfloat16"; default: the checkpoint's dtype for HF directories, float32 for GGUF.
-    attention_impl: see `pallas_kernels.ragged_attention` (auto: Pallas kernels on GPU/TPU, the reference on CPU).
+    dtype: "float32" or "bfloat16"; default: the checkpoint's dtype for HF directories, float32 for GGUF, bfloat16
+    for random weights. attention_impl: see `pallas_kernels.ragged_attention` (auto: Pallas kernels on GPU/TPU, the
+    reference on CPU).
     """
+    if is_random(path):
+        return _with_attention(LoadedTarget(random_config(path, dtype), None, None, (), path), attention_impl,
+                               random_params)
     path = checked_path("model", path)
     if str(path) == "default":
         path = default_model_path()
@@ -55,14 +61,21 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     else:
         raise SpecformerError(f"{path} is neither a checkpoint directory nor a .gguf file")
     _check_shapes(cfg, params, path)
-    cfg = dataclasses.replace(cfg, attention_impl=attention_impl)
+    params = jax.tree.map(jnp.asarray, params)
+    refuse_non_finite(params, path, hf_name if path.is_dir() else lambda p, layer: gguf_name(hf_name(p, layer)))
+    return _with_attention(LoadedTarget(cfg, params, tok, eos, str(path)), attention_impl)
+
+
+def _with_attention(model: LoadedTarget, attention_impl: str, make_params=None) -> LoadedTarget:
+    """The model with its attention kernels chosen (checked first), and its parameters made by make_params(cfg)
+    when given."""
+    cfg = dataclasses.replace(model.cfg, attention_impl=attention_impl)
     try:
         resolve_attention(attention_impl, cfg.head_dim)
     except ValueError as e:
         raise SpecformerError(str(e)) from None
-    params = jax.tree.map(jnp.asarray, params)
-    refuse_non_finite(params, path, hf_name if path.is_dir() else lambda p, layer: gguf_name(hf_name(p, layer)))
-    return LoadedTarget(cfg, params, tok, eos, str(path))
+    params = make_params(cfg) if make_params else model.params
+    return dataclasses.replace(model, cfg=cfg, params=params)
 
 
 def checked_path(what: str, path) -> Path:

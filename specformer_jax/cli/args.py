@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from pallas_kernels import IMPLS
-from specformer_jax.checks import NON_NEGATIVE_INT, POSITIVE_INT, Kind
+from specformer_jax.checks import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import probe_writable
 
@@ -72,7 +72,9 @@ def int_list(name: str):
 
 def add_model(p) -> None:
     p.add_argument("--model", default="default",
-                   help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir or a .gguf file")
+                   help="'default' (SmolLM2-135M-Instruct), a HF checkpoint dir, a .gguf file, or random:NAME (random "
+                        "weights of a published shape, bfloat16: tiny, smollm2-135m, llama-3.2-1b, qwen3-4b, "
+                        "llama-3.1-8b; for speed, with --set-acceptance)")
 
 
 def add_device_options(p) -> None:
@@ -81,6 +83,19 @@ def add_device_options(p) -> None:
                    help="attention kernels: auto = Pallas on GPU/TPU, the jnp reference on CPU")
     p.add_argument("--mesh", default=None,
                    help="shard decoding over devices, e.g. data=4,tensor=2 (rows over data, the model over tensor)")
+
+
+def rate_list(name: str):
+    """Comma-separated numbers in [0, 1], e.g. 0.5,0.7,0.8."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(FRACTION.parse(x)) for x in text.split(",")]
+        except SpecformerError:
+            raise argparse.ArgumentTypeError(f"{name} expects numbers in [0, 1] like 0.5,0.7, got {text!r}") from None
+        return list(dict.fromkeys(values))
+
+    return parse
 
 
 def add_engine_options(p, schedules: tuple[str, ...] = ("continuous", "static")) -> None:

@@ -19,7 +19,15 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="AR vs speculative decoding throughput per batch size",
                        description="Plain and speculative decoding of the same prompts, in one process.")
     a.add_model(p)
-    p.add_argument("--drafter", default="default", help="'default', a drafter directory, or 'none' (AR only)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
+    p.add_argument("--drafter", default="default",
+                   help="'default' (with a random:NAME model: 'random'), a drafter directory, 'random' (random "
+                        "weights, 8 slots) or 'none' (AR only)")
+    p.add_argument("--set-acceptance", type=a.rate_list("--set-acceptance"), default=None,
+                   help="comma-separated rates, e.g. 0.5,0.7,0.8: a row per rate, its speculative side accepting each "
+                        "draft with that probability (the ones before it accepted) instead of verifying: the cost "
+                        "of a drafter with that acceptance; the text is meaningless")
     p.add_argument("--prompts", type=Path, default=EVAL_PROMPTS,
                    help="JSONL prompts (default: the package's benchmark prompts, specformer_jax/assets/"
                         "eval-prompts.jsonl)")
@@ -73,19 +81,24 @@ def run_bench(args) -> int:
     from specformer_jax.bench.run import run_benchmark
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.checkpoints.random_weights import is_random
     from specformer_jax.decoding.encode import read_prompts_file
 
     prompts = read_prompts_file(args.prompts)
-    model = load_target(args.model, attention_impl=args.attention_impl)
-    drafter = None if args.drafter == "none" else load_drafter(args.drafter, model)
+    model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
+    name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
+    drafter = None if name == "none" else load_drafter(name, model)
     a.drafter_needed(drafter, args.draft_len, "; --drafter none times plain decoding only")
-    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": args.drafter}
+    if args.set_acceptance and (drafter is None or args.draft_len in (0, "auto")):
+        raise SpecformerError("--set-acceptance needs speculative decoding with a fixed --draft-len (and a drafter)")
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
     result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
                            max_new_tokens=args.max_new_tokens, repeats=args.repeats, num_requests=args.num_requests,
                            schedules=("continuous", "static") if args.schedule == "both" else (args.schedule,),
                            chunk_rounds=args.chunk_rounds, mesh=a.mesh(args),
-                           records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}))
+                           records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}),
+                           set_acceptance=args.set_acceptance)
     if args.plot:
         plot_bench({**head, **result}, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)

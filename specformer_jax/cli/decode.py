@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-cache-len", type=a.kind(POSITIVE_INT), default=None,
                    help="default: the model's context length")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="default: checkpoint dtype (GGUF: float32)")
+                   help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     a.add_device_options(p)
     a.add_engine_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")

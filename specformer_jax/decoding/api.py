@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
 from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.checks import POSITIVE_INT, SEED
+from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED
 from specformer_jax.decoding.cost_model import DraftLenChoice
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
 from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan, make_plan
@@ -23,6 +23,7 @@ from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.runner import DecodeRun
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
+from specformer_jax.decoding.speculative import law_accepted_length
 from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.target import decoding_params
@@ -98,6 +99,7 @@ def _prepare(
     chunk_rounds: int | None = None,
     mesh: Mesh | str | None = None,
     records: DecodeRecords | None = None,
+    set_acceptance: float | None = None,
 ) -> _Job:
     """The options of `generate`, checked:
 
@@ -111,7 +113,10 @@ def _prepare(
     "data=4,tensor=2"): rows sharded over its batch axes, the model by the logical-axis rules; batch_size is
     rounded up to a multiple of the batch axes. `records`: a DecodeRecords store that the call's measured
     acceptance (and a static schedule's batch rounds) are folded into: what "auto" learns from. None: the call
-    records nothing, so it does not change a later choice.
+    records nothing, so it does not change a later choice. `set_acceptance` (a rate in [0, 1], speculative decoding
+    with a fixed draft_len): every round runs as usual, but each draft is accepted with this probability when the
+    ones before it were, instead of when the target agrees: the text is meaningless, the cost is that of a drafter
+    with this acceptance (speculative.set_acceptance). Such a call records nothing.
     """
     prompts = checked_prompts(prompts)
     max_new_tokens, batch_size = POSITIVE_INT.check("max_new_tokens", max_new_tokens), POSITIVE_INT.check(
@@ -126,6 +131,7 @@ def _prepare(
     if drafter is not None:
         check_drafter_fits(drafter, model.cfg)
     draft_len = check_draft_len(drafter, draft_len, records)
+    rate = _checked_rate(set_acceptance, drafter, draft_len)
     mesh = _checked_mesh(mesh)
     ids = encode_prompts(model, prompts, chat)
     check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position, "cache positions but the cache holds")
@@ -140,7 +146,7 @@ def _prepare(
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
     k = default_draft_len(drafter) if draft_len is None and drafter is not None else draft_len or 0
-    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds)
+    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds, rate)
     return _Job(model, drafter, ids, plan, params, dparams, row_keys, B, schedule, mesh, records, progress, auto)
 
 
@@ -159,7 +165,10 @@ def _decode(job: _Job, stream: bool):
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())
-    if job.records is not None and plan.speculative:
+    if plan.set_acceptance is not None:
+        stats.update(set_acceptance=plan.set_acceptance,
+                     law_accepted_length=law_accepted_length(plan.set_acceptance, plan.draft_len))
+    if job.records is not None and plan.speculative and plan.set_acceptance is None:
         _record(job.records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]
@@ -182,6 +191,16 @@ def _decoding_layout(model: LoadedTarget, fuse: bool) -> LoadedTarget:
         while len(_LAYOUTS) > 2:
             del _LAYOUTS[next(iter(_LAYOUTS))]
     return held[1]
+
+
+def _checked_rate(rate, drafter, draft_len) -> float | None:
+    if rate is None:
+        return None
+    rate = FRACTION.check("set_acceptance", rate)
+    if drafter is None or draft_len == 0 or isinstance(draft_len, AutoDraftLen):
+        raise SpecformerError("set_acceptance needs speculative decoding with a fixed draft_len (a drafter and "
+                              "draft_len >= 1, not auto)")
+    return float(rate)
 
 
 def _row_keys(seed: int, n: int) -> jax.Array:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens
 from specformer_jax.modeling.drafter import Drafter, draft_logits, next_token_embedding
 
 # (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
@@ -83,3 +83,20 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig):
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_n)  # p == q up to rounding
     final = jax.vmap(jax.random.categorical)(k_resample, jnp.log(residual))
     return n, final.astype(jnp.int32)
+
+
+def set_acceptance(logits, keys, k: int, rate: float, sampling: SamplingConfig):
+    """(n, final) of a round whose acceptance is set instead of measured, for cost measurements: draft i is accepted
+    with probability `rate` when the ones before it were (from the row's accept key), and final is the target's
+    token after the n accepted ones, as in a real round (its argmax, or drawn from it when sampling). The caches
+    then hold exactly the emitted tokens, so real rounds can follow."""
+    u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(keys[:, 0])
+    n = leading(u < rate)
+    at_n = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]  # [B, V]
+    return n, select_tokens(at_n, keys[:, 1], sampling)
+
+
+def law_accepted_length(rate: float, k: int) -> float:
+    """Expected tokens a round emits when each draft is accepted with probability `rate` given the ones before it:
+    1 + rate + ... + rate^k."""
+    return sum(rate**i for i in range(k + 1))
