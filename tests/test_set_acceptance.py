@@ -17,6 +17,7 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
+from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.chunk import run_chunk
 from specformer_jax.decoding.plan import make_plan
@@ -60,13 +61,24 @@ def test_accepted_drafts_follow_the_set_law(tiny, rate):
         assert abs(measured - p) <= 4 * math.sqrt(p * (1 - p) / s["rounds"]) + 1e-9, (i, measured, p)
 
 
+def test_rates_share_one_compilation(tiny):
+    """The rate is data of the pool, not part of the compiled plan: a sweep over rates compiles its chunk once."""
+    model, drafter = tiny
+    before = runner.COMPILED.count("chunk")
+    for rate in (0.3, 0.9):
+        res = generate(model, PROMPTS[:2], max_new_tokens=6, batch_size=2, drafter=drafter, draft_len=2,
+                       set_acceptance=rate, chat=False)
+        assert res.stats["set_acceptance"] == rate
+    assert runner.COMPILED.count("chunk") == before + 1
+
+
 def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     """Set acceptance for a chunk, then verified rounds: what follows equals plain decoding of the prompt plus the
     tokens emitted so far, so the set rounds left the caches exactly as a real round with those tokens would."""
     model, drafter = tiny
     N, rows = 30, 3
-    set_plan = make_plan(model, drafter, 3, GREEDY, N, chunk_rounds=4, set_acceptance=0.7)
-    real_plan = dataclasses.replace(set_plan, set_acceptance=None)
+    set_plan = make_plan(model, drafter, 3, GREEDY, N, chunk_rounds=4, set_acceptance=True)
+    real_plan = dataclasses.replace(set_plan, set_acceptance=False)
     chunk = functools.partial(jax.jit, static_argnums=0)(run_chunk)
     width = max(map(len, PROMPTS[:rows]))
     block = np.zeros((rows, width), np.int32)
@@ -76,7 +88,7 @@ def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     pool = insert(set_plan, model.params, drafter.params, pool, jnp.asarray(block),
                   jnp.asarray([len(p) for p in PROMPTS[:rows]], jnp.int32), jnp.arange(rows, dtype=jnp.int32),
                   jnp.full((rows,), N, jnp.int32), jax.random.split(jax.random.key(0), rows))
-    pool = chunk(set_plan, model.params, drafter.params, pool)
+    pool = chunk(set_plan, model.params, drafter.params, pool.replace(accept_rate=jnp.float32(0.7)))
     mid = np.asarray(pool.num_out)
     for _ in range(2):
         pool = chunk(real_plan, model.params, drafter.params, pool)
@@ -118,6 +130,7 @@ def test_bench_on_a_random_model_with_set_acceptance_runs_into_report(tmp_path, 
     assert main(["report", str(out), "--out", str(md)]) == 0
     text = md.read_text()
     assert "| 2, a = 0.9 |" in text and "TPU v6e (estimate)" in text and "Estimates, not measurements" in text
+    assert f"(law {law_accepted_length(0.9, 3):.2f})" in text  # the set law's accepted length beside the measured
 
 
 def test_bench_refuses_set_acceptance_without_a_drafter(cli_error):

@@ -124,7 +124,8 @@ def estimate(doc: dict) -> list[dict]:
             k = spec.get("draft_len", doc["draft_len"])
             al = spec.get("mean_accepted_length", 1.0)
             t_round = round_seconds(facts, B, context, k, bw, peak)
-            row.update({"k": k, "al": al, "spec": spec["tokens_per_second"], "spec_roofline": B * al / t_round,
+            row.update({"k": k, "al": al, "law_al": spec.get("law_accepted_length"),
+                        "spec": spec["tokens_per_second"], "spec_roofline": B * al / t_round,
                         "speedup": r["speedup"], "speedup_roofline": al * t_step / t_round,
                         "equivalence": r.get("output_equivalence")})
         rows.append(row)
@@ -210,7 +211,8 @@ def render_markdown(docs: list[dict]) -> str:
             cells = [_batch(r), _tps(r["ar"]), _tps(r["ar_roofline"]), f"{100 * r['ar'] / r['ar_roofline']:.0f}%"]
             if "spec" in r:
                 eq = "" if r["equivalence"] is None else f"{100 * r['equivalence']:.0f}%"
-                cells += [r["k"], f"{r['al']:.2f}", _tps(r["spec"]), _tps(r["spec_roofline"]),
+                law = "" if r["law_al"] is None else f" (law {r['law_al']:.2f})"
+                cells += [r["k"], f"{r['al']:.2f}{law}", _tps(r["spec"]), _tps(r["spec_roofline"]),
                           f"{100 * r['spec'] / r['spec_roofline']:.0f}%", f"{r['speedup']:.2f}x",
                           f"{r['speedup_roofline']:.2f}x", eq]
             else:

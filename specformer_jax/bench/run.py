@@ -40,7 +40,7 @@ KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generate
 def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
-                  chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log=sys.stderr,
+                  chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log: bool = True,
                   on_progress: Callable[[dict], None] | None = None, set_acceptance: list[float] | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
@@ -50,7 +50,8 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     "ar"/"spec"; a second one adds its own sides under its name, and ratios of the first over it.
     `set_acceptance`: rates; each batch size gets a row per rate, its speculative side decoded with acceptance set
     at that rate (decoding/api.py): a cost measurement, its text meaningless. A model without a tokenizer (random
-    weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`)."""
+    weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
+    on stderr."""
     prompts = synthetic_prompts(model, prompts)
     if drafter is not None:  # checked before the first (plain) pass, not after it
         draft_len = check_draft_len(drafter, draft_len, records)
@@ -82,7 +83,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     for bs in batch_sizes:
         if log and isinstance(draft_len, AutoDraftLen):
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
-                  f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=log)
+                  f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=sys.stderr)
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
         count = num_requests or max(bs, len(prompts))
         requests = [prompts[i % len(prompts)] for i in range(count)]
@@ -91,7 +92,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
             row = _batch_size_row(model, drafter, requests, repeats, engine, spec_kw, schedules)
             doc["results"].append(row)
             if log:
-                _log_row(row, log)
+                _log_row(row)
         doc["complete"] = bs == batch_sizes[-1]
         if on_progress:
             on_progress(doc)
@@ -151,13 +152,13 @@ def _equivalence(plain: list[list[int]], spec: list[list[int]]) -> dict:
     return {"output_equivalence": 1 - len(first) / len(plain), "first_divergence": sorted(first)}
 
 
-def _log_row(row: dict, log) -> None:
+def _log_row(row: dict) -> None:
     spec = row.get("spec", {})
     rate = f" at set acceptance {row['set_acceptance']}" if "set_acceptance" in row else ""
     speed = (f", speculative (k={spec['draft_len']}{rate}) {row['speedup']:.2f}x, "
              f"AL {spec.get('mean_accepted_length', 1.0):.2f}") if spec else ""
     print(f"specformer bench: batch {row['batch_size']}: AR {row['ar']['tokens_per_second']:.1f} tok/s{speed}",
-          file=log)
+          file=sys.stderr)  # looked up at the call: a stream bound at import may be closed by now
 
 
 SET_ACCEPTANCE_NOTE = ("speculative rows decoded with set acceptance: each draft accepted with the row's rate when "

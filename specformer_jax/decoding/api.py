@@ -78,6 +78,7 @@ class _Job:
     records: DecodeRecords | None
     progress: bool
     auto: DraftLenChoice | None
+    accept_rate: float | None = None
 
 
 def _prepare(
@@ -146,8 +147,8 @@ def _prepare(
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
     k = default_draft_len(drafter) if draft_len is None and drafter is not None else draft_len or 0
-    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds, rate)
-    return _Job(model, drafter, ids, plan, params, dparams, row_keys, B, schedule, mesh, records, progress, auto)
+    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds, rate is not None)
+    return _Job(model, drafter, ids, plan, params, dparams, row_keys, B, schedule, mesh, records, progress, auto, rate)
 
 
 def _decode(job: _Job, stream: bool):
@@ -156,7 +157,7 @@ def _decode(job: _Job, stream: bool):
               disable=not job.progress) as bar:
         run = yield from decode_requests(job.plan, job.params, job.dparams, job.ids, job.pool_size, job.row_keys,
                                          schedule=job.schedule, mesh=job.mesh, stream=stream,
-                                         on_finished=lambda done: bar.update(done - bar.n))
+                                         accept_rate=job.accept_rate, on_finished=lambda done: bar.update(done - bar.n))
     plan, model = job.plan, job.model
     stats = {**run.stats(), "batch_size": job.pool_size, "schedule": job.schedule, "chunk_rounds": plan.chunk_rounds,
              "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype}
@@ -165,10 +166,10 @@ def _decode(job: _Job, stream: bool):
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())
-    if plan.set_acceptance is not None:
-        stats.update(set_acceptance=plan.set_acceptance,
-                     law_accepted_length=law_accepted_length(plan.set_acceptance, plan.draft_len))
-    if job.records is not None and plan.speculative and plan.set_acceptance is None:
+    if plan.set_acceptance:
+        stats.update(set_acceptance=job.accept_rate,
+                     law_accepted_length=law_accepted_length(job.accept_rate, plan.draft_len))
+    if job.records is not None and plan.speculative and not plan.set_acceptance:
         _record(job.records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]

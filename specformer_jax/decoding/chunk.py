@@ -30,10 +30,10 @@ def decode_round(plan: DecodePlan, params, dparams, head, s: Pool) -> Pool:
     tokens = jnp.concatenate([s.last[:, None], s.drafts], axis=1)  # [P, k + 1]
     with jax.named_scope("verify" if k else "decode_step"):
         logits, cache, hidden = Target(plan.cfg, plan.hooks).apply({"params": params}, tokens, s.cache)
-        if plan.set_acceptance is None:
-            n, final = speculative.verify(logits, s.drafts, s.q, keys, plan.sampling)
+        if plan.set_acceptance:
+            n, final = speculative.set_acceptance(logits, keys, k, s.accept_rate, plan.sampling)
         else:
-            n, final = speculative.set_acceptance(logits, keys, k, plan.set_acceptance, plan.sampling)
+            n, final = speculative.verify(logits, s.drafts, s.q, keys, plan.sampling)
     j = jnp.arange(k + 1)[None, :]
     emitted = jnp.where(j < n[:, None], jnp.pad(s.drafts, ((0, 0), (0, 1))), final[:, None])
     eos_at = jnp.min(jnp.where(is_eos(emitted, plan.eos_ids) & (j <= n[:, None]), j, k + 1), axis=1)

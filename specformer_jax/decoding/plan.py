@@ -22,7 +22,7 @@ class DecodePlan:
     draft_len: int = 0  # drafts per round k (1..drafter.num_slots) when speculative, else 0
     chunk_rounds: int = CHUNK_ROUNDS  # R: rounds (plain steps or speculative rounds) per compiled chunk
     drafts_from: DraftFn | None = None  # a draft function in place of the drafter's (tests: oracle drafts)
-    set_acceptance: float | None = None  # cost measurement: acceptance drawn at this rate, not verified
+    set_acceptance: bool = False  # cost measurement: acceptance drawn at the pool's accept_rate, not verified
 
     @property
     def speculative(self) -> bool:
@@ -45,13 +45,12 @@ class DecodePlan:
 
 
 def make_plan(model, drafter, draft_len: int, sampling: SamplingConfig, max_new_tokens: int,
-              chunk_rounds: int = CHUNK_ROUNDS, set_acceptance: float | None = None) -> DecodePlan:
+              chunk_rounds: int = CHUNK_ROUNDS, set_acceptance: bool = False) -> DecodePlan:
     """Plain decoding when there is no drafter or draft_len is 0, else speculative with draft_len drafts. model: a
     LoadedTarget; drafter: a LoadedDrafter or None; set_acceptance: speculative plans only (see
-    speculative.set_acceptance)."""
+    speculative.set_acceptance; the rate is the pool's, so plans for different rates compile once)."""
     speculative = drafter is not None and draft_len > 0
     return DecodePlan(model.cfg, model.eos_ids, sampling, max_new_tokens, drafter.cfg if speculative else None,
-                      draft_len if speculative else 0, chunk_rounds,
-                      set_acceptance=set_acceptance if speculative else None)
+                      draft_len if speculative else 0, chunk_rounds, set_acceptance=set_acceptance and speculative)
 
 

@@ -51,13 +51,16 @@ def bucket(n: int, size: int = PROMPT_BUCKET) -> int:
 class _Engine:
     """The compiled functions of one plan, pool size and mesh, and the device state they pass along."""
 
-    def __init__(self, plan: DecodePlan, params, dparams, pool_size: int, max_len: int, mesh):
+    def __init__(self, plan: DecodePlan, params, dparams, pool_size: int, max_len: int, mesh, accept_rate=None):
         self.plan, self.params, self.dparams, self.mesh = plan, params, dparams, mesh
         self.compile_seconds = 0.0
         self.shardings = None if mesh is None else decode_state_shardings(
             jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len)), mesh)
         make = self._compiled(("empty_pool", pool_size, max_len), lambda: empty_pool(plan, pool_size, max_len), ())
         self.pool: Pool = make()
+        if accept_rate is not None:
+            rate = jnp.float32(accept_rate)
+            self.pool = self.pool.replace(accept_rate=rate if mesh is None else jax.device_put(rate, replicated(mesh)))
 
     def _compiled(self, name, fn, args, donate=()):
         """The compiled fn; only the chunk depends on R, so the others are shared by plans that differ in R alone."""
@@ -83,13 +86,14 @@ class _Engine:
 
 def decode_requests(plan: DecodePlan, params, dparams, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
                     schedule: str = "continuous", mesh=None, stream: bool = False, budgets: list[int] | None = None,
-                    on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
+                    accept_rate: float | None = None, on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
     """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; keys: one PRNG key per
-    request; budgets: new tokens per request (default: plan.max_new_tokens, also the most allowed). Yields (request
-    index, new tokens) at chunk boundaries when `stream`; returns the DecodeRun. on_finished(number of requests
-    done) is called when requests finish."""
+    request; budgets: new tokens per request (default: plan.max_new_tokens, also the most allowed); accept_rate: the
+    rate of a plan with set_acceptance. Yields (request index, new tokens) at chunk boundaries when `stream`;
+    returns the DecodeRun. on_finished(number of requests done) is called when requests finish."""
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
-    engine = _Engine(plan, params, dparams, pool_size, cache_len(plan, bucket(max(map(len, ids)))), mesh)
+    max_len = cache_len(plan, bucket(max(map(len, ids))))
+    engine = _Engine(plan, params, dparams, pool_size, max_len, mesh, accept_rate)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
                     plain_steps=0 if schedule == "static" else None)
     queue = collections.deque(range(len(ids)))

@@ -85,7 +85,7 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig):
     return n, final.astype(jnp.int32)
 
 
-def set_acceptance(logits, keys, k: int, rate: float, sampling: SamplingConfig):
+def set_acceptance(logits, keys, k: int, rate, sampling: SamplingConfig):
     """(n, final) of a round whose acceptance is set instead of measured, for cost measurements: draft i is accepted
     with probability `rate` when the ones before it were (from the row's accept key), and final is the target's
     token after the n accepted ones, as in a real round (its argmax, or drawn from it when sampling). The caches
