@@ -1,4 +1,5 @@
-"""`specformer sample-prompts` and `specformer distill`: the prompts and the self-distilled data drafters train on."""
+"""`specformer sample-prompts`, `specformer distill` and `specformer pack-data`: the prompts and the self-distilled data
+drafters train on, and its compact form for keeping."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ def add_parsers(sub) -> None:
                    "such as the benchmark prompts are allowed, and `specformer train` refuses it as training data")
     p.set_defaults(func=run_distill)
 
+    p = sub.add_parser(
+        "pack-data",
+        help="distilled data as compressed token arrays, to keep and carry instead of distilling again",
+        description="Write the records of a finished `specformer distill` directory as compressed 16- or 32-bit "
+        "token arrays in shards of at most --max-shard-mb; train, eval-drafter and eval_data read the result as "
+        "they read the original.",
+    )
+    p.add_argument("data", type=Path, metavar="DIR", help="a finished `specformer distill` output directory")
+    p.add_argument("--out", type=a.out_dir, required=True, metavar="DIR", help="new (or empty) output directory")
+    p.add_argument("--max-shard-mb", type=a.kind(POSITIVE_INT), default=16, help="largest shard, MiB (default 16)")
+    p.set_defaults(func=run_pack_data)
+
 
 def run_sample_prompts(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
@@ -82,4 +95,14 @@ def run_distill(args) -> int:
     print(f"specformer: {s['num_prompts']} prompts distilled into {s['out_dir']} ({s['shards_written']} new "
           f"shard(s), {s['shards_skipped']} already done; {s['num_generated']} tokens at "
           f"{s['tokens_per_second']:.1f} tokens/s, {s['seconds']:.1f} s in all)", file=sys.stderr)
+    return 0
+
+
+
+def run_pack_data(args) -> int:
+    from specformer_jax.training.packed import pack
+
+    s = pack(args.data, args.out, args.max_shard_mb * 2**20)
+    print(f"specformer: {s['records']} records ({s['tokens']:,} tokens) packed into {args.out}: {s['shards']} "
+          f"shard(s), {s['bytes'] / 2**20:.1f} MiB", file=sys.stderr)
     return 0

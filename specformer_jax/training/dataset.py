@@ -3,6 +3,8 @@
 A directory written by `specformer distill` (distill.py) holds:
   manifest.json       the settings the data was made with, and which shards are done (`complete` once all are)
   shard-00000.jsonl   one record per prompt: {"index": i, "input_ids": prompt_ids + answer_ids, "prompt_len": n}
+`specformer pack-data` (packed.py) writes the same records as compressed token arrays, shard-00000.npz, ...
+("shard_format": "npz" in the manifest), which every reader here reads alike.
 
 Data made with purpose "eval" (`distill --for-eval`) may hold evaluation prompts and serves only to measure drafters:
 training refuses it. The held-out split is by prompt index (a hash), so it is stable when the data grows.
@@ -14,6 +16,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
+
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_json, read_text
 
@@ -22,8 +26,12 @@ FORMAT = "specformer-distill-v1"
 PURPOSES = ("train", "eval")
 
 
-def shard_name(k: int) -> str:
-    return f"shard-{k:05d}.jsonl"
+def shard_name(k: int, shard_format: str = "jsonl") -> str:
+    return f"shard-{k:05d}.{shard_format}"
+
+
+def shard_path(out_dir: Path, k: int, shard_format: str = "jsonl") -> Path:
+    return Path(out_dir) / shard_name(k, shard_format)
 
 
 def manifest_setting(manifest: dict, key: str):
@@ -62,13 +70,20 @@ def read_distilled(out_dir: str | Path, allow_partial: bool = False, for_trainin
             f"{out_dir} is unfinished ({len(manifest['shards_done'])} of {manifest['num_shards']} shards); "
             "rerun `specformer distill` with the same arguments to finish it"
         )
+    shard_format = manifest.get("shard_format", "jsonl")  # "npz": packed (packed.py)
     records = []
     for k in manifest["shards_done"]:
-        path = out_dir / shard_name(k)
+        path = shard_path(out_dir, k, shard_format)
         if not path.is_file():
             raise SpecformerError(f"{path} is listed in {MANIFEST} but missing")
-        records += [_record(path, n, line) for n, line in enumerate(read_text(path).splitlines(), 1)]
+        records += _shard_records(path, shard_format)
     return records
+
+
+def _shard_records(path: Path, shard_format: str) -> list[dict]:
+    if shard_format == "npz":
+        return _packed_records(path)
+    return [_record(path, n, line) for n, line in enumerate(read_text(path).splitlines(), 1)]
 
 
 def _record(path: Path, n: int, line: str) -> dict:
@@ -81,6 +96,21 @@ def _record(path: Path, n: int, line: str) -> dict:
             and isinstance(rec.get("prompt_len"), int)):
         raise SpecformerError(f"{path}:{n}: not a distilled record (index, input_ids, prompt_len)")
     return rec
+
+
+def _packed_records(path: Path) -> list[dict]:
+    """The records of one packed shard (packed.py), checked as `_record` checks a JSONL line."""
+    try:
+        with np.load(path) as z:
+            tokens, lengths, prompt_len, index = (z[k] for k in ("tokens", "lengths", "prompt_len", "index"))
+    except (OSError, ValueError, KeyError) as e:
+        raise SpecformerError(f"{path}: not a packed shard ({e})") from None
+    if not (len(lengths) == len(prompt_len) == len(index) and int(lengths.sum()) == len(tokens)
+            and (lengths >= prompt_len).all()):
+        raise SpecformerError(f"{path}: a damaged packed shard (its lengths do not add up)")
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return [{"index": int(i), "input_ids": tokens[s: s + n].tolist(), "prompt_len": int(p)}
+            for i, s, n, p in zip(index, starts, lengths, prompt_len)]
 
 
 def data_dirs(dirs: str | None) -> list[Path]:

@@ -61,6 +61,8 @@ def _open_out_dir(out_dir: Path, settings: dict) -> None:
         if any(out_dir.iterdir()):
             raise SpecformerError(f"output directory {out_dir} is not empty and has no {MANIFEST}; pick a new --out")
         return
+    if old.get("shard_format", "jsonl") != "jsonl":
+        raise SpecformerError(f"{out_dir} holds packed data (`specformer pack-data`); pick a new --out")
     for key in SETTINGS:
         there = manifest_setting(old, key)
         if there != settings[key]:
