@@ -193,6 +193,15 @@ class DrafterConfig:
     # Our extension, off in the paper's design: slots at t also see the embedding of token t + 1, which is known when
     # drafting (the target's own token: the one emitted after the accepted drafts).
     next_token_input: bool = False
+    # The same token at the context layer, as EAGLE feeds it: position j fuses its hooked states with the embedding of
+    # token j + 1 (known for every kept position: the accepted drafts, then the target's token), so the drafter's
+    # cache holds (state, next token) pairs.
+    context_token_input: bool = False
+
+    @property
+    def reads_next_tokens(self) -> bool:
+        """Whether drafting needs the token after each position (either input)."""
+        return self.next_token_input or self.context_token_input
 
     def __post_init__(self):
         object.__setattr__(self, "num_slots", POSITIVE_INT.check("num_slots", self.num_slots))

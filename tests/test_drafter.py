@@ -75,24 +75,28 @@ def test_next_token_input_starts_as_the_paper_drafter_and_changes_only_its_own_p
         run(extended, params, hidden, cache)
 
 
-@pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
-def test_cached_context_layer_equals_full_sequence_pass(slot_attention):
-    """A ragged prefill then one token at a time through the drafter's cache gives the full-pass slot states."""
-    cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
+@pytest.mark.parametrize("variant", ["bidirectional", "causal", "context_token"])
+def test_cached_context_layer_equals_full_sequence_pass(variant):
+    """A ragged prefill then one token at a time through the drafter's cache gives the full-pass slot states (with
+    context_token_input, each position's next-token embedding goes in beside its states)."""
+    cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
+                        context_token_input=variant == "context_token")
     params = init_drafter(TARGET, cfg, jax.random.key(1))
     B, T = 3, 9
     hidden = hidden_states(cfg, B, T, seed=2)
-    full, _ = run(cfg, params, hidden, drafter_cache(TARGET, B, T))
+    nxt = jax.random.normal(jax.random.key(3), (B, T, TARGET.hidden_size)) if cfg.context_token_input else None
+    full, _ = run(cfg, params, hidden, drafter_cache(TARGET, B, T), next_embed=nxt)
     prefix = jnp.asarray([4, 1, 6])
     cache = drafter_cache(TARGET, B, 16)
     first = {i: h[:, :6] for i, h in hidden.items()}  # right-padded to 6; each row keeps only its prefix
-    states, cache = run(cfg, params, first, cache, num_new=prefix)
+    states, cache = run(cfg, params, first, cache, num_new=prefix, next_embed=None if nxt is None else nxt[:, :6])
     got = [[states[b, t] for t in range(int(prefix[b]))] for b in range(B)]
     for step in range(T):
         pos = jnp.minimum(prefix + step, T - 1)
         live = (prefix + step < T).astype(jnp.int32)
         one = {i: jnp.take_along_axis(h, pos[:, None, None], axis=1) for i, h in hidden.items()}
-        states, cache = run(cfg, params, one, cache, num_new=live)
+        one_next = None if nxt is None else jnp.take_along_axis(nxt, pos[:, None, None], axis=1)
+        states, cache = run(cfg, params, one, cache, num_new=live, next_embed=one_next)
         for b in range(B):
             if live[b]:
                 got[b].append(states[b, 0])

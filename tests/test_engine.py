@@ -78,7 +78,8 @@ def oracle_drafts(reference, k=3, positions=64):
 
     def draft(dparams, head, hidden, dcache, num_new, slots_at, next_tokens):
         vocab = max(jax.tree.leaves(head["embed"] if "embed" in head else head["lm_head"])[0].shape)
-        tok = table[dcache.lengths + slots_at[:, 0], next_tokens[:, 0]]  # [B, k]
+        after = jnp.take_along_axis(next_tokens, slots_at, axis=1)[:, 0]  # the token after the drafting position
+        tok = table[dcache.lengths + slots_at[:, 0], after]  # [B, k]
         return 30.0 * jax.nn.one_hot(tok, vocab), dcache.replace(lengths=dcache.lengths + num_new)
 
     return draft

@@ -38,15 +38,17 @@ def ar(model, prompts, **kw):
 
 def oracle_drafts(sequences, shift=0):
     """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1). Like a drafter
-    with next_token_input, it is right only when told the token after its position, so the perfect one also checks
-    that the loop passes that token."""
+    with a next-token input, it is right only when told the token after each new position up to its drafting
+    position (what a context-level input reads), so the perfect one also checks that the loop passes those tokens."""
     seqs = jnp.asarray(sequences)
     at = lambda pos: jnp.take_along_axis(seqs[: pos.shape[0]], jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
 
     def draft(dparams, tparams, hidden, dcache, num_new, slots_at, next_tokens, k=4):
         t = dcache.lengths[:, None] + slots_at  # the drafting position
         tok = at(t + 2 + jnp.arange(k)[None, :])  # slot i at t predicts t + 2 + i
-        tok = jnp.where(next_tokens == at(t + 1), tok, tok + 1)
+        j = jnp.arange(next_tokens.shape[1])[None, :]
+        told = (next_tokens == at(dcache.lengths[:, None] + j + 1)) | (j > slots_at)  # positions past t: not kept
+        tok = jnp.where(jnp.all(told, axis=1, keepdims=True), tok, tok + 1)
         return 30.0 * jax.nn.one_hot((tok + shift) % 128, 128), dcache.replace(lengths=dcache.lengths + num_new)
 
     return draft
@@ -71,10 +73,10 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
 # CI time: 7 ragged rows cover 1; the bidirectional drafter on the engine's pool is in test_engine.py
 @pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) for v in ("bidirectional", "causal")]
-                         + ["next_token"])
+                         + ["next_token", "context_token"])
 def test_specformer_drafter_is_lossless(model, rows, variant):
     cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
-                        next_token_input=variant == "next_token")
+                        next_token_input=variant == "next_token", context_token_input=variant == "context_token")
     params = init_drafter(model.cfg, cfg, jax.random.key(rows))
     if cfg.next_token_input:  # zero at init; make the input matter
         w = params["next_proj"]["kernel"]

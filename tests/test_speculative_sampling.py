@@ -92,9 +92,23 @@ def sample_tokens_2_and_3(model, drafter, seed):
     return [tuple(ids[1:3]) for ids in res.token_ids], res.stats
 
 
-def test_speculative_samples_follow_the_target_distribution(model, drafter):
+def token_conditioned(model, variant: str) -> LoadedDrafter:
+    """A random drafter that reads the token after its position: at the slots (next_token_input; its zero-initialised
+    projection made to matter) or at the context layer (context_token_input)."""
+    cfg = DrafterConfig(num_slots=3, next_token_input=variant == "slots", context_token_input=variant == "context")
+    params = init_drafter(model.cfg, cfg, jax.random.key(6))
+    if cfg.next_token_input:
+        w = params["next_proj"]["kernel"]
+        params["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
+    return LoadedDrafter(cfg, params, {})
+
+
+@pytest.mark.parametrize("variant", ["paper", pytest.param("slots", marks=pytest.mark.slow),
+                                     pytest.param("context", marks=pytest.mark.slow)])
+def test_speculative_samples_follow_the_target_distribution(model, drafter, variant):
     joint = exact_joint_of_tokens_2_and_3(model)
-    samples, stats = sample_tokens_2_and_3(model, drafter, seed=11)
+    samples, stats = sample_tokens_2_and_3(model, drafter if variant == "paper" else token_conditioned(model, variant),
+                                           seed=11)
     assert 0 < stats["acceptance_rate_per_slot"][0] < 1  # both acceptance and rejection paths are exercised
     assert chi_square_pvalue(samples, joint) > 1e-3
 

@@ -50,10 +50,12 @@ def metrics(out, split="train"):
     return [m for m in lines if m["split"] == split]
 
 
-@pytest.mark.parametrize("objective", ["ce", "kl"])
-def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, objective):
-    trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective),
-                  progress=False)
+@pytest.mark.parametrize("objective, extra", [
+    pytest.param("ce", {}, id="ce"), pytest.param("kl", {}, id="kl"),
+    pytest.param("ce", {"context_token_input": True}, marks=pytest.mark.slow, id="ce-context")])
+def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, objective, extra):
+    trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective,
+                         **extra), progress=False)
     train = metrics(tmp_path)
     losses = [m["loss"] for m in train]
     assert len(losses) == 40
@@ -63,6 +65,9 @@ def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, 
     ev = metrics(tmp_path, "eval")[-1]
     assert len(ev["accuracy_per_slot"]) == 3 and ev["expected_accepted_length"] >= 1.0
     assert (tmp_path / "drafter" / "params.safetensors").is_file()
+    if extra:  # the exported drafter keeps the input and loads with it
+        loaded = load_drafter(tmp_path / "drafter", load_target(tiny_checkpoints["llama3"]))
+        assert loaded.cfg.context_token_input and loaded.params["fuse"]["kernel"].shape[0] == 5 * 64
 
 
 def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, records, monkeypatch):

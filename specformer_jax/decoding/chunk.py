@@ -52,8 +52,9 @@ def decode_round(plan: DecodePlan, params, dparams, head, s: Pool) -> Pool:
     if not k:
         return s
     with jax.named_scope("draft"):
+        # the token after each position of [x, d_1..d_k] is what the row emitted there (exact up to position n)
         dlogits, dcache = plan.draft_fn()(dparams, head, hidden, s.dcache, jnp.zeros((P,), jnp.int32), n[:, None],
-                                          final[:, None])
+                                          emitted)
         drafts, q = choose_drafts(dlogits, keys[:, 2], plan.sampling)
     return s.replace(dcache=dcache.replace(lengths=keep), drafts=jnp.where(live[:, None], drafts, s.drafts),
                      q=jnp.where(live[:, None, None], q, s.q))

@@ -74,8 +74,10 @@ def insert(plan: DecodePlan, params, dparams, pool: Pool, prompts: jax.Array, le
     pool = pool.replace(cache=_write_rows(pool.cache, cache, slots, lens, Tp))
     if plan.speculative:
         head = draft_head_params(plan.cfg, params)
+        after = jnp.where(jnp.arange(Tp)[None, :] == (lens - 1)[:, None], first[:, None],
+                          jnp.pad(prompts[:, 1:], ((0, 0), (0, 1))))  # the token after each prompt position
         dlogits, dcache = plan.draft_fn()(dparams, head, hidden, drafter_cache(plan.cfg, b, Tp), lens,
-                                          (lens - 1)[:, None], first[:, None])
+                                          (lens - 1)[:, None], after)
         drafts, q = choose_drafts(dlogits, keys0[:, 2], plan.sampling)
         pool = pool.replace(dcache=_write_rows(pool.dcache, dcache, slots, lens, Tp), drafts=put(pool.drafts, drafts),
                             q=put(pool.q, q))

@@ -20,7 +20,7 @@ from specformer_jax.decoding.sampling import SamplingConfig, process_logits, sel
 from specformer_jax.modeling.drafter import Drafter, draft_logits, next_token_embedding
 
 # (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
-#  slots_at [B, 1], next_tokens [B, 1]: the token emitted after that position, known when drafting)
+#  slots_at [B, 1], next_tokens [B, T]: the token after each new position, known when drafting for the kept ones)
 #   -> (draft logits float32[B, k, V], drafter cache)
 DraftFn = Callable
 
@@ -29,7 +29,7 @@ def specformer_drafts(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, num_
     """The SpecFormer drafter as a draft function: logits of its first k slots at one position per row."""
 
     def draft(dparams, head_params, hidden, dcache, num_new, slots_at, next_tokens):
-        next_embed = next_token_embedding(head_params, next_tokens) if drafter_cfg.next_token_input else None
+        next_embed = next_token_embedding(head_params, next_tokens) if drafter_cfg.reads_next_tokens else None
         states, dcache = Drafter(target_cfg, drafter_cfg).apply(
             {"params": dparams}, hidden, dcache, num_new, slots_at, num_slots, next_embed
         )

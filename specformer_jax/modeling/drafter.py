@@ -1,6 +1,7 @@
 """The SpecFormer drafter: a small head that drafts K future tokens per position in one parallel pass.
 
 hooked target states -> RMSNorm each -> concat -> Dense(n*d -> d, no bias)
+  (context_token_input: the embedding of the next token, RMSNormed, joins the concat: Dense((n+1)*d -> d))
   -> + causal attention over the context (RoPE at true positions, own KV cache: a "layer L+1")
   -> RMSNorm -> Dense(d -> K*d, bias) -> K slots (no residual)
   -> + attention among the K slots (bidirectional, no RoPE; or causal with RoPE over slot index)
@@ -64,6 +65,8 @@ class Drafter(nn.Module):
         dense = lambda n, bias: nn.Dense(n, use_bias=bias, dtype=t.dtype, param_dtype=t.dtype)
         self.hooks = c.resolved_hooks(t)
         self.hook_norms = [norm() for _ in self.hooks]
+        if c.context_token_input:
+            self.context_next_norm = norm()
         self.fuse = dense(t.hidden_size, False)
         self.context_norm = norm()
         # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code),
@@ -88,20 +91,28 @@ class Drafter(nn.Module):
         num_new: jax.Array | None = None,  # int32[B]: real new tokens per row; default T
         slots_at: jax.Array | None = None,  # int32[B, P]: positions to draft from; default all T
         num_slots: int | None = None,  # k <= K slots to keep (inference may use fewer than trained)
-        next_embed: jax.Array | None = None,  # [B, P, d]: target embedding of the token after each drafting position
+        next_embed: jax.Array | None = None,  # [B, T, d]: target embedding of the token after each new position
     ):
         """Returns (slot states [B, P, k, d] before the target's final norm + LM head, updated cache)."""
-        h, cache = self.context(hidden, cache, num_new)
+        if self.cfg.reads_next_tokens and next_embed is None:
+            raise ValueError("this drafter needs the embedding of the token after each position")
+        h, cache = self.context(hidden, cache, num_new, next_embed)
         if slots_at is not None:
             h = jnp.take_along_axis(h, slots_at[:, :, None], axis=1)
+            if next_embed is not None:
+                next_embed = jnp.take_along_axis(next_embed, slots_at[:, :, None], axis=1)
         return self.slots(h, num_slots, next_embed), cache
 
-    def context(self, hidden, cache: KVCache, num_new=None):
-        """Fuse the hooked states and run the causal context layer: [B, T, d], appending to the cache."""
+    def context(self, hidden, cache: KVCache, num_new=None, next_embed=None):
+        """Fuse the hooked states (and with context_token_input the next tokens' embeddings [B, T, d]) and run the
+        causal context layer: [B, T, d], appending to the cache."""
         missing = [i for i in self.hooks if i not in hidden]
         if missing:
             raise ValueError(f"drafter needs target hidden states {missing}")
-        x = jnp.concatenate([n(hidden[i]) for i, n in zip(self.hooks, self.hook_norms)], axis=-1)
+        parts = [n(hidden[i]) for i, n in zip(self.hooks, self.hook_norms)]
+        if self.cfg.context_token_input:
+            parts.append(self.context_next_norm(next_embed.astype(parts[0].dtype)))
+        x = jnp.concatenate(parts, axis=-1)
         x = self.fuse(x)
         B, T, _ = x.shape
         start = cache.lengths
@@ -114,8 +125,6 @@ class Drafter(nn.Module):
         """Expand each position into K slots and run the slot encoder layer: [..., d] -> [..., k, d]."""
         t, K = self.target, self.cfg.num_slots
         if self.cfg.next_token_input:
-            if next_embed is None:
-                raise ValueError("this drafter (next_token_input) needs the embedding of the token after each position")
             h = h + self.next_proj(self.next_norm(next_embed.astype(h.dtype)))
         m = self.expand(self.expand_norm(h)).reshape(*h.shape[:-1], K, t.hidden_size)
         m = m + self.slot_attn(self.slot_norm(m))  # all K slots attend, so truncating afterwards stays consistent

@@ -30,8 +30,8 @@ def slot_targets(tokens: jax.Array, label_mask: jax.Array, num_slots: int):
 
 
 def following_tokens(tokens: jax.Array) -> jax.Array:
-    """[B, T]: the token after each position (what a next_token_input drafter sees there; 0 after the last position,
-    whose slots are never supervised)."""
+    """[B, T]: the token after each position (what a drafter with a next-token input sees there; 0 after the last
+    position, whose slots are never supervised and whose context entry no later position of the batch reads)."""
     return jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
 
 
@@ -154,7 +154,7 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     final = target_cfg.num_layers  # hook index of the final-normed output
     hidden = target_hidden(target_cfg, target_params, tokens, hooks + ((final,) if objective == "kl" else ()))
     next_embed = None
-    if drafter_cfg.next_token_input:
+    if drafter_cfg.reads_next_tokens:
         next_embed = next_token_embedding(target_params, following_tokens(tokens))
     states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed)
     labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)

@@ -27,7 +27,8 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text
 from specformer_jax.training.loss import OBJECTIVES
 
-DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input")  # -> DrafterConfig
+DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input",
+                    "context_token_input")  # -> DrafterConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ class TrainConfig:
     slot_attention: str = "bidirectional"
     intermediate_size: int | None = None  # the drafter's SwiGLU width; None = the target's
     next_token_input: bool = False  # slots also see the token after their position (our extension; see DrafterConfig)
+    context_token_input: bool = False  # the context layer sees it too, beside the states (EAGLE's input; DrafterConfig)
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
