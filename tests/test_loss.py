@@ -144,3 +144,27 @@ def test_replayed_rounds_start_where_the_last_one_stopped():
     answers = mask.sum(1)
     assert int(none[0]) == int(none[1]) == int(np.maximum(answers - 1, 0).sum())
     assert int(full[1]) == int(sum(-(-(a - 1) // (K + 1)) for a in answers if a > 1))
+
+
+def test_slot_decay_weighs_each_slots_loss():
+    """The loss is the slots' losses weighted exp(-decay * i), normalised; decay 0 is their mean (the paper's)."""
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.modeling.drafter import init_drafter
+    from specformer_jax.training.loss import drafter_loss
+
+    cfg = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                       num_kv_heads=1, head_dim=8)
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+    params = Target(cfg).init(jax.random.key(5), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    dcfg = DrafterConfig(num_slots=3)
+    dparams = init_drafter(cfg, dcfg, jax.random.key(1))
+    tokens = jax.random.randint(jax.random.key(6), (2, 12), 0, cfg.vocab_size)
+    losses = {}
+    for decay in (0.0, 0.7):
+        losses[decay], sums = drafter_loss(dparams, params, tokens, jnp.ones_like(tokens), target_cfg=cfg,
+                                           drafter_cfg=dcfg, slot_decay=decay)
+    per_slot = np.asarray(sums["ce_sum"] / sums["count"])
+    w = np.exp(-0.7 * np.arange(3))
+    np.testing.assert_allclose(float(losses[0.0]), per_slot.mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(losses[0.7]), (w * per_slot).sum() / w.sum(), rtol=1e-6)
+    assert len(set(np.round(per_slot, 4))) == 3  # the slots' losses differ, so the weights matter

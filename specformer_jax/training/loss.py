@@ -143,9 +143,17 @@ def replay_rounds(lead: jax.Array, label_mask: jax.Array):
 OBJECTIVES = ("ce", "kl")
 
 
+def slot_weights(num_slots: int, decay: float) -> jax.Array:
+    """Loss weight of each slot: exp(-decay * i) for slot i, normalised to sum 1 (decay 0: 1/K each). A decay puts
+    the first slots, which every accepted run starts with, ahead (DFlash weighs its block positions so)."""
+    w = jnp.exp(-decay * jnp.arange(num_slots, dtype=jnp.float32))
+    return w / jnp.sum(w)
+
+
 def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
-                 drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False):
-    """Mean over slots (1/K each) of the token-mean loss (`objective`: ce or kl) of that slot.
+                 drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False,
+                 slot_decay: float = 0.0):
+    """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean).
     Returns (loss, sums for metrics). replay: also the sums of `replay_rounds` (for evaluation: it is sequential)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -163,7 +171,7 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
     per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
-    return jnp.mean(per_slot), sums
+    return jnp.sum(slot_weights(drafter_cfg.num_slots, slot_decay) * per_slot), sums
 
 
 def metrics_from_sums(sums) -> dict:

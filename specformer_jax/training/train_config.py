@@ -52,6 +52,7 @@ class TrainConfig:
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
     objective: str = "ce"  # per-slot loss: ce (the target's tokens, as the paper) | kl (the target's distributions)
+    slot_loss_decay: float = 0.0  # slot i's loss weighs exp(-decay * i), normalised (0: the slots' mean, as the paper)
     # optimisation (defaults: the paper's released recipe: AdamW, eps 1e-2, 5% warm-up, cosine to 1e-5)
     steps: int = 1000
     lr: float = 5e-4
@@ -99,6 +100,7 @@ _NUMBERS = {
     "seed": SEED,
     "eval_fraction": number(0, 1, below=True),
     "lr": POSITIVE, "adam_eps": POSITIVE, "grad_clip": POSITIVE, "weight_decay": NON_NEGATIVE, "warmup_frac": FRACTION,
+    "slot_loss_decay": NON_NEGATIVE,
 }
 
 

@@ -78,7 +78,8 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
     """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
     the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel)."""
     loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
-                                    chunk_positions=cfg.chunk_positions, objective=cfg.objective)
+                                    chunk_positions=cfg.chunk_positions, objective=cfg.objective,
+                                    slot_decay=cfg.slot_loss_decay)
 
     def train_step(state: TrainState, target_params, batch):
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
