@@ -46,8 +46,8 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     reference on CPU).
     """
     if is_random(path):
-        return _with_attention(LoadedTarget(random_config(path, dtype), None, None, (), path), attention_impl,
-                               random_params)
+        cfg = _with_attention(random_config(path, dtype), attention_impl)
+        return LoadedTarget(cfg, random_params(cfg), None, (), path)
     path = checked_path("model", path)
     if str(path) == "default":
         path = default_model_path()
@@ -61,21 +61,19 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     else:
         raise SpecformerError(f"{path} is neither a checkpoint directory nor a .gguf file")
     _check_shapes(cfg, params, path)
+    cfg = _with_attention(cfg, attention_impl)
     params = jax.tree.map(jnp.asarray, params)
     refuse_non_finite(params, path, hf_name if path.is_dir() else lambda p, layer: gguf_name(hf_name(p, layer)))
-    return _with_attention(LoadedTarget(cfg, params, tok, eos, str(path)), attention_impl)
+    return LoadedTarget(cfg, params, tok, eos, str(path))
 
 
-def _with_attention(model: LoadedTarget, attention_impl: str, make_params=None) -> LoadedTarget:
-    """The model with its attention kernels chosen (checked first), and its parameters made by make_params(cfg)
-    when given."""
-    cfg = dataclasses.replace(model.cfg, attention_impl=attention_impl)
+def _with_attention(cfg: TargetConfig, attention_impl: str) -> TargetConfig:
+    """`cfg` with its attention kernels chosen, refused in one line when they cannot run its head size here."""
     try:
         resolve_attention(attention_impl, cfg.head_dim)
     except ValueError as e:
         raise SpecformerError(str(e)) from None
-    params = make_params(cfg) if make_params else model.params
-    return dataclasses.replace(model, cfg=cfg, params=params)
+    return dataclasses.replace(cfg, attention_impl=attention_impl)
 
 
 def checked_path(what: str, path) -> Path:

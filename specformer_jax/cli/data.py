@@ -98,7 +98,6 @@ def run_distill(args) -> int:
     return 0
 
 
-
 def run_pack_data(args) -> int:
     from specformer_jax.training.packed import pack
 
