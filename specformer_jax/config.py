@@ -197,6 +197,9 @@ class DrafterConfig:
     # token j + 1 (known for every kept position: the accepted drafts, then the target's token), so the drafter's
     # cache holds (state, next token) pairs.
     context_token_input: bool = False
+    # A reduced draft vocabulary: the head scores only the V' most frequent answer tokens of the training data (their
+    # ids ship with the drafter as the "draft_vocab" parameter); None: the target's whole vocabulary.
+    draft_vocab_size: int | None = None
 
     @property
     def reads_next_tokens(self) -> bool:
@@ -211,9 +214,9 @@ class DrafterConfig:
             raise SpecformerError(f"hooks must be a list of integers, got {self.hooks!r}")
         if self.slot_attention not in ("bidirectional", "causal"):
             raise SpecformerError(f"slot_attention must be 'bidirectional' or 'causal', got {self.slot_attention!r}")
-        if self.intermediate_size is not None:
-            object.__setattr__(self, "intermediate_size", POSITIVE_INT.check("intermediate_size",
-                                                                             self.intermediate_size))
+        for name in ("intermediate_size", "draft_vocab_size"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, POSITIVE_INT.check(name, getattr(self, name)))
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
         L = target.num_layers

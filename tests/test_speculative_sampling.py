@@ -13,10 +13,10 @@ import scipy.stats
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import runner, speculative
+from specformer_jax.decoding import chunk, pool, runner, speculative
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.target import Target
 
@@ -92,22 +92,26 @@ def sample_tokens_2_and_3(model, drafter, seed):
     return [tuple(ids[1:3]) for ids in res.token_ids], res.stats
 
 
-def token_conditioned(model, variant: str) -> LoadedDrafter:
+def variant_drafter(model, variant: str) -> LoadedDrafter:
     """A random drafter that reads the token after its position: at the slots (next_token_input; its zero-initialised
-    projection made to matter) or at the context layer (context_token_input)."""
-    cfg = DrafterConfig(num_slots=3, next_token_input=variant == "slots", context_token_input=variant == "context")
+    projection made to matter) or at the context layer (context_token_input); or one whose head spans half the
+    vocabulary (draft_vocab: q is zero on the other half, where the target's samples still land)."""
+    cfg = DrafterConfig(num_slots=3, next_token_input=variant == "slots", context_token_input=variant == "context",
+                        draft_vocab_size=64 if variant == "draft_vocab" else None)
     params = init_drafter(model.cfg, cfg, jax.random.key(6))
     if cfg.next_token_input:
         w = params["next_proj"]["kernel"]
         params["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
+    if cfg.draft_vocab_size:
+        params[DRAFT_VOCAB] = jnp.asarray(np.sort(np.random.default_rng(1).permutation(128)[:64]), jnp.int32)
     return LoadedDrafter(cfg, params, {})
 
 
-@pytest.mark.parametrize("variant", ["paper", pytest.param("slots", marks=pytest.mark.slow),
+@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("slots", marks=pytest.mark.slow),
                                      pytest.param("context", marks=pytest.mark.slow)])
 def test_speculative_samples_follow_the_target_distribution(model, drafter, variant):
     joint = exact_joint_of_tokens_2_and_3(model)
-    samples, stats = sample_tokens_2_and_3(model, drafter if variant == "paper" else token_conditioned(model, variant),
+    samples, stats = sample_tokens_2_and_3(model, drafter if variant == "paper" else variant_drafter(model, variant),
                                            seed=11)
     assert 0 < stats["acceptance_rate_per_slot"][0] < 1  # both acceptance and rejection paths are exercised
     assert chi_square_pvalue(samples, joint) > 1e-3
@@ -124,4 +128,21 @@ def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch)
     monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())  # do not reuse the correct compiled ones
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
+    assert chi_square_pvalue(samples, joint) < 1e-6
+
+
+def test_the_test_catches_a_draft_vocabulary_q_left_unmapped(model, monkeypatch):
+    """The same power check for a draft vocabulary: q over V' written at token ids 0..V'-1 instead of at its tokens."""
+    real = speculative.choose_drafts
+
+    def unmapped(logits, keys, sampling, vocab=None, vocab_size=0):
+        drafts, q = real(logits, keys, sampling, vocab, vocab_size)
+        q_small = jax.nn.softmax(process_logits(logits, sampling), axis=-1)
+        return drafts, jnp.zeros_like(q).at[..., : q_small.shape[-1]].set(q_small)
+
+    for module in (chunk, pool):
+        monkeypatch.setattr(module, "choose_drafts", unmapped)
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())
+    joint = exact_joint_of_tokens_2_and_3(model)
+    samples, _ = sample_tokens_2_and_3(model, variant_drafter(model, "draft_vocab"), seed=11)
     assert chi_square_pvalue(samples, joint) < 1e-6

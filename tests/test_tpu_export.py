@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import export
 
@@ -15,7 +16,7 @@ from specformer_jax.decoding.chunk import run_chunk
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.pool import empty_pool, insert
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.target import Target
 from specformer_jax.training.train_config import TrainConfig
@@ -41,12 +42,14 @@ def spec(shape, dtype=jnp.int32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def engine(cfg, sampling, speculative=True):
+def engine(cfg, sampling, speculative=True, drafter=DRAFTER):
     """The engine's chunk and refill as functions of (params, drafter params, pool[, block]), with their abstract
     arguments."""
-    plan = DecodePlan(cfg, (2,), sampling, N, DRAFTER if speculative else None, 3 if speculative else 0, 4)
+    plan = DecodePlan(cfg, (2,), sampling, N, drafter if speculative else None, 3 if speculative else 0, 4)
     pool = jax.eval_shape(lambda: empty_pool(plan, B, 64))
-    dparams = jax.eval_shape(lambda: init_drafter(cfg, DRAFTER, jax.random.key(0))) if speculative else None
+    dparams = jax.eval_shape(lambda: init_drafter(cfg, drafter, jax.random.key(0))) if speculative else None
+    if speculative and drafter.draft_vocab_size:
+        dparams[DRAFT_VOCAB] = spec((drafter.draft_vocab_size,))
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
     chunk = (lambda p, d, s: run_chunk(plan, p, d, s)), (target_params(), dparams, pool)
     refill = (lambda p, d, s, *block: insert(plan, p, d, s, *block),
@@ -62,6 +65,27 @@ def test_engine_exports_for_tpu(sampling, speculative):
     assert "stablehlo.while" in text  # the chunk's rounds
     assert "stablehlo.case" not in text and "stablehlo.if" not in text  # no branch on the data: no host round trip
     lowered_for_tpu(refill, *refill_args)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, 20, 0.9)])
+def test_a_draft_vocabulary_exports_for_tpu(sampling):
+    """Decoding and the train step with a draft vocabulary: the gathered head, the mapped drafts, q scattered back."""
+    from specformer_jax.checkpoints.loader import LoadedTarget
+    from specformer_jax.parallel import make_mesh
+    from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps
+
+    (chunk, chunk_args), (refill, refill_args) = engine(CFG, sampling, drafter=DrafterConfig(3, draft_vocab_size=40))
+    assert "stablehlo.case" not in lowered_for_tpu(chunk, *chunk_args)
+    lowered_for_tpu(refill, *refill_args)
+    cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=B, chunk_positions=32, draft_vocab_size=40)
+    tx = make_optimizer(cfg)
+    target = LoadedTarget(CFG, target_params(), None, (2,), "abstract")
+    train_step, _ = make_steps(target, cfg, tx, make_mesh("data=-1"), np.arange(0, 200, 5, dtype=np.int32))
+    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)),
+                           jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(0))))
+    exp = export.export(train_step, platforms=["tpu"])(state, target.params, {"tokens": spec((B, 32)),
+                                                                               "label_mask": spec((B, 32))})
+    assert exp.platforms == ("tpu",)
 
 
 def test_engine_on_pallas_kernels_lowers_for_tpu_and_cuda():

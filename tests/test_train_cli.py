@@ -32,6 +32,12 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     assert report["num_slots"] == 3 and len(report["accuracy_per_slot"]) == 3
     assert report["num_sequences"] < 48  # held-out records only
     assert 1.0 <= report["expected_accepted_length"] <= 4.0
+    # the first two slots, as decoding with two drafts: the same per-slot accuracy (slots are a prefix of all K)
+    assert main(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"), "--data", str(data),
+                 "--draft-len", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["num_slots"] == 2 and two["accuracy_per_slot"] == report["accuracy_per_slot"][:2]
+    assert 1.0 <= two["decoding_accepted_length"] <= 3.0
     # a drafter for this target is rejected for another one
     err = main(["eval-drafter", "--model", str(tiny_checkpoints["qwen3"]), "--drafter", str(out / "drafter"),
                 "--data", str(data)])
@@ -46,6 +52,10 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
 
     assert "nothing to score" in error(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"),
                                         "--data", str(data), "--seq-len", "2"])
+    assert "draft_len must be" in error(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"),
+                                         "--data", str(data), "--draft-len", "4"])
+    assert "drop --draft-len" in error(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"),
+                                        "--data", str(data), "--draft-len", "2", "--save"])
     train = argv[:-2]  # the same run without its SwiGLU width
     assert "num_slots=3 (now 2)" in error([*train, "--set", "intermediate_size=48", "--set", "num_slots=2", "--resume"])
     other = tmp_path / "other-vocab"

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.drafter import split_draft_vocab
 
 # Published per-chip limits: HBM bandwidth (GB/s), dense bf16 matmul peak and float32 matmul peak (TFLOP/s). A
 # float32 model decodes at full precision (DecodePlan.precision in decoding/runner.py): on GPUs the FP32 units, not
@@ -54,13 +55,13 @@ def model_facts(cfg: TargetConfig, drafter: DrafterConfig | None, target_params,
     if drafter is not None:
         K, ffn = drafter.num_slots, drafter.intermediate_size or cfg.intermediate_size
         facts.update({
-            "drafter_weight_bytes": count(drafter_params) * item if drafter_params is not None else 0,
+            "drafter_weight_bytes": count(split_draft_vocab(drafter_params)[0]) * item if drafter_params else 0,
             "drafter_context_flops_per_token": 2 * (len(drafter.resolved_hooks(cfg)) * d * d + d * (q + 2 * kv)
                                                     + q * d),
             "drafter_attention_flops_per_token_per_context": 4 * q,
             # one drafting position: expand to K slots, slot attention over all K, then per kept slot SwiGLU + LM head
             "drafter_slot_flops_fixed": 2 * (d * K * d + K * (d * (q + 2 * kv) + q * d)),
-            "drafter_slot_flops_per_slot": 2 * (3 * d * ffn + V * d),
+            "drafter_slot_flops_per_slot": 2 * (3 * d * ffn + (drafter.draft_vocab_size or V) * d),
         })
     return facts
 

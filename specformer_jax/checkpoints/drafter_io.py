@@ -20,7 +20,7 @@ from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_sa
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import file_sha256, write_json
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
 
 FINGERPRINT_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
@@ -40,13 +40,15 @@ class LoadedDrafter:
 
 
 def save_drafter(path: str | Path, cfg: DrafterConfig, params, target: TargetConfig, *, dtype="bfloat16", meta=None):
-    """Write the drafter directory; bfloat16 by default to keep the file small."""
+    """Write the drafter directory; the weights in bfloat16 by default to keep the file small (a draft vocabulary's
+    token ids stay int32)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
-    write_safetensors(path / "params.safetensors",
-                      {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()})
+    write_safetensors(path / "params.safetensors", {
+        k: np.asarray(v, np.int32) if k == DRAFT_VOCAB else np.asarray(v, np.float32).astype(np_dtype)
+        for k, v in flat.items()})
     write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
                                         **(meta or {})})
 
@@ -96,6 +98,20 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
         if name not in have or tuple(have[name].shape) != tuple(spec.shape):
             raise SpecformerError(f"this drafter does not fit the model: parameter {name} is missing or has the "
                                   "wrong shape (a drafter for another target?)")
+    if drafter.cfg.draft_vocab_size is not None:
+        _checked_vocab(have.get(DRAFT_VOCAB), drafter.cfg, target, "this drafter")
+
+
+def _checked_vocab(ids, cfg: DrafterConfig, target: TargetConfig, where: str) -> np.ndarray:
+    """A draft vocabulary's token ids, refused unless they are draft_vocab_size distinct ids of the target."""
+    ids = None if ids is None else np.asarray(ids)
+    if ids is None or ids.shape != (cfg.draft_vocab_size,) or ids.dtype.kind not in "iu":
+        raise SpecformerError(f"{where}: parameter {DRAFT_VOCAB} must hold {cfg.draft_vocab_size} token ids "
+                              "(draft_vocab_size)")
+    if ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size:
+        raise SpecformerError(f"{where}: {DRAFT_VOCAB} must hold distinct token ids of the target's vocabulary "
+                              f"(0..{target.vocab_size - 1})")
+    return ids.astype(np.int32)
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
@@ -137,6 +153,8 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
+    if cfg.draft_vocab_size is not None:
+        params[DRAFT_VOCAB] = jnp.asarray(_checked_vocab(tensors.get(DRAFT_VOCAB), cfg, target.cfg, str(path)))
     params = traverse_util.unflatten_dict(params, sep="/")
     refuse_non_finite(params, path / "params.safetensors", lambda names, layer: "/".join(names))
     return LoadedDrafter(cfg, params, meta, file_sha256(path / "params.safetensors"))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specformer_jax.checks import NON_NEGATIVE_INT, POSITIVE_INT
 from specformer_jax.cli import args as a
+from specformer_jax.errors import SpecformerError
 
 
 def add_parsers(sub) -> None:
@@ -34,6 +35,8 @@ def add_parsers(sub) -> None:
                    "every record of data distilled --for-eval)")
     p.add_argument("--seq-len", type=a.kind(POSITIVE_INT), default=512)
     p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=8)
+    p.add_argument("--draft-len", type=a.kind(POSITIVE_INT), metavar="K",
+                   help="score only the first K slots, as decoding with K drafts (default: every slot)")
     p.add_argument("--save", action="store_true",
                    help="also store the result in the drafter's drafter.json (what --draft-len auto reads)")
     p.set_defaults(func=run_eval_drafter)
@@ -60,12 +63,14 @@ def run_eval_drafter(args) -> int:
     from specformer_jax.training.dataset import check_vocabulary, records_to_score
     from specformer_jax.training.evaluate import evaluate_drafter
 
+    if args.save and args.draft_len is not None:
+        raise SpecformerError("--save records every slot (what --draft-len auto reads): drop --draft-len")
     target = load_target(args.model)
     drafter = load_drafter(args.drafter, target)
     check_vocabulary([args.data], target.cfg.vocab_size)  # evaluate_drafter checks the scored records' ids
     records = records_to_score(args.data, drafter.meta.get("train_config"), args.all)
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size,
-                              progress=True)
+                              progress=True, draft_len=args.draft_len)
     if args.save:
         saved = record_eval(args.drafter, {**result, "data": str(args.data)})
         print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)

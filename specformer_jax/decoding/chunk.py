@@ -17,7 +17,7 @@ from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.pool import Pool
 from specformer_jax.decoding.sampling import is_eos
 from specformer_jax.decoding.speculative import choose_drafts, round_keys
-from specformer_jax.modeling.drafter import draft_head_params
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, draft_head_params
 from specformer_jax.modeling.target import Target
 
 
@@ -55,12 +55,12 @@ def decode_round(plan: DecodePlan, params, dparams, head, s: Pool) -> Pool:
         # the token after each position of [x, d_1..d_k] is what the row emitted there (exact up to position n)
         dlogits, dcache = plan.draft_fn()(dparams, head, hidden, s.dcache, jnp.zeros((P,), jnp.int32), n[:, None],
                                           emitted)
-        drafts, q = choose_drafts(dlogits, keys[:, 2], plan.sampling)
+        drafts, q = choose_drafts(dlogits, keys[:, 2], plan.sampling, head.get(DRAFT_VOCAB), plan.cfg.vocab_size)
     return s.replace(dcache=dcache.replace(lengths=keep), drafts=jnp.where(live[:, None], drafts, s.drafts),
                      q=jnp.where(live[:, None, None], q, s.q))
 
 
 def run_chunk(plan: DecodePlan, params, dparams, pool: Pool) -> Pool:
     """plan.chunk_rounds rounds on the pool."""
-    head = draft_head_params(plan.cfg, params) if plan.speculative else None  # once per chunk, outside the loop
+    head = draft_head_params(plan.cfg, params, dparams) if plan.speculative else None  # once per chunk, not per round
     return jax.lax.fori_loop(0, plan.chunk_rounds, lambda _, s: decode_round(plan, params, dparams, head, s), pool)

@@ -15,7 +15,7 @@ from flax import struct
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import is_eos, select_tokens
 from specformer_jax.decoding.speculative import choose_drafts, round_keys
-from specformer_jax.modeling.drafter import draft_head_params, drafter_cache
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, draft_head_params, drafter_cache
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
@@ -73,12 +73,12 @@ def insert(plan: DecodePlan, params, dparams, pool: Pool, prompts: jax.Array, le
     put = lambda old, new: old.at[slots].set(new.astype(old.dtype), mode="drop")
     pool = pool.replace(cache=_write_rows(pool.cache, cache, slots, lens, Tp))
     if plan.speculative:
-        head = draft_head_params(plan.cfg, params)
+        head = draft_head_params(plan.cfg, params, dparams)
         after = jnp.where(jnp.arange(Tp)[None, :] == (lens - 1)[:, None], first[:, None],
                           jnp.pad(prompts[:, 1:], ((0, 0), (0, 1))))  # the token after each prompt position
         dlogits, dcache = plan.draft_fn()(dparams, head, hidden, drafter_cache(plan.cfg, b, Tp), lens,
                                           (lens - 1)[:, None], after)
-        drafts, q = choose_drafts(dlogits, keys0[:, 2], plan.sampling)
+        drafts, q = choose_drafts(dlogits, keys0[:, 2], plan.sampling, head.get(DRAFT_VOCAB), plan.cfg.vocab_size)
         pool = pool.replace(dcache=_write_rows(pool.dcache, dcache, slots, lens, Tp), drafts=put(pool.drafts, drafts),
                             q=put(pool.q, q))
     zeros = jnp.zeros((b,), jnp.int32)

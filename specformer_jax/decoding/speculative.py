@@ -17,11 +17,11 @@ import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens
-from specformer_jax.modeling.drafter import Drafter, draft_logits, next_token_embedding
+from specformer_jax.modeling.drafter import Drafter, draft_logits, next_token_embedding, split_draft_vocab
 
 # (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
 #  slots_at [B, 1], next_tokens [B, T]: the token after each new position, known when drafting for the kept ones)
-#   -> (draft logits float32[B, k, V], drafter cache)
+#   -> (draft logits float32[B, k, V'] over the draft vocabulary (draft_logits), drafter cache)
 DraftFn = Callable
 
 
@@ -31,9 +31,9 @@ def specformer_drafts(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, num_
     def draft(dparams, head_params, hidden, dcache, num_new, slots_at, next_tokens):
         next_embed = next_token_embedding(head_params, next_tokens) if drafter_cfg.reads_next_tokens else None
         states, dcache = Drafter(target_cfg, drafter_cfg).apply(
-            {"params": dparams}, hidden, dcache, num_new, slots_at, num_slots, next_embed
+            {"params": split_draft_vocab(dparams)[0]}, hidden, dcache, num_new, slots_at, num_slots, next_embed
         )
-        return draft_logits(target_cfg, head_params, states[:, 0]), dcache  # [B, k, V]
+        return draft_logits(target_cfg, head_params, states[:, 0]), dcache  # [B, k, V']
 
     return draft
 
@@ -49,13 +49,21 @@ def leading(ok: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
 
 
-def choose_drafts(logits, keys, sampling: SamplingConfig):
-    """Drafts from draft logits [B, k, V], and the distribution they were drawn from (what verification needs)."""
+def choose_drafts(logits, keys, sampling: SamplingConfig, vocab=None, vocab_size: int = 0):
+    """Drafts from draft logits [B, k, V'], and the distribution they were drawn from (what verification needs).
+
+    vocab: int32[V'], the token of each logit (a reduced draft vocabulary; None: logit i is token i); q then spans
+    the whole vocabulary of `vocab_size` tokens, zero outside the draft vocabulary: the drafts never come from there.
+    """
     if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:2] + (1,), jnp.float32)
+        best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return best if vocab is None else vocab[best], jnp.zeros(logits.shape[:2] + (1,), jnp.float32)
     processed = process_logits(logits, sampling)
-    drafts = jax.vmap(lambda key, lg: jax.random.categorical(key, lg, axis=-1))(keys, processed)
-    return drafts.astype(jnp.int32), jax.nn.softmax(processed, axis=-1)
+    drafts = jax.vmap(lambda key, lg: jax.random.categorical(key, lg, axis=-1))(keys, processed).astype(jnp.int32)
+    q = jax.nn.softmax(processed, axis=-1)
+    if vocab is None:
+        return drafts, q
+    return vocab[drafts], jnp.zeros(q.shape[:-1] + (vocab_size,), q.dtype).at[..., vocab].set(q)
 
 
 def verify(logits, drafts, q, keys, sampling: SamplingConfig):

@@ -137,32 +137,59 @@ def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
     return jnp.take(target_params["embed"]["embedding"], next_tokens, axis=0)
 
 
+DRAFT_VOCAB = "draft_vocab"  # the parameter holding a reduced draft vocabulary's token ids, int32[V']
+
+
+def split_draft_vocab(dparams) -> tuple[dict, jax.Array | None]:
+    """(the drafter's weights, its draft vocabulary's token ids or None) from its parameters."""
+    weights = {k: v for k, v in dparams.items() if k != DRAFT_VOCAB}
+    return weights, dparams.get(DRAFT_VOCAB)
+
+
+def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None):
+    """(config, parameters) of the target's final norm + LM head restricted to the token ids `vocab` (int32[V']):
+    `Target.head` with them gives logits over V' only. vocab None: the whole head, unchanged."""
+    if vocab is None:
+        return target_cfg, target_params
+    matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings
+              else target_params["lm_head"]["kernel"][:, vocab])
+    cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
+    return cfg, {"final_norm": target_params["final_norm"], "lm_head": {"kernel": matrix}}
+
+
 def _draft_head_dtype(target_cfg: TargetConfig) -> str:
     """bfloat16 on accelerators; the model's own dtype on CPUs, where XLA's bfloat16 matmuls run several times slower
     than float32 ones (benchmarks/README.md, "Why a round cost more than a step")."""
     return target_cfg.dtype if jax.default_backend() == "cpu" else "bfloat16"
 
 
-def draft_head_params(target_cfg: TargetConfig, target_params):
-    """The target's final norm and LM head for drafting, with the head matrix in `_draft_head_dtype`.
+def draft_head_params(target_cfg: TargetConfig, target_params, dparams=None):
+    """The target's final norm and LM head for drafting (restricted to the drafter's draft vocabulary when `dparams`
+    hold one, which then rides along), the head matrix in `_draft_head_dtype`; the input embedding too (the tokens
+    a drafter reads).
 
     Drafting reads the whole vocabulary matrix once more per round; in bfloat16 that read costs half. Drafts only
     need the logits' ranking (and, when sampling, verification uses the distribution they were actually drawn
     from), so the output stays exactly the target's.
     """
     dtype = _draft_head_dtype(target_cfg)
-    head = {"final_norm": target_params["final_norm"]}
+    vocab = None if dparams is None else split_draft_vocab(dparams)[1]
+    _, reduced = vocab_head(target_cfg, target_params, vocab)
+    head = {"final_norm": target_params["final_norm"]} | ({DRAFT_VOCAB: vocab} if vocab is not None else {})
     for name in ("embed", "lm_head"):
-        if name in target_params:
-            head[name] = jax.tree.map(lambda w: w.astype(dtype), target_params[name])
+        if name in reduced or name in target_params:
+            head[name] = jax.tree.map(lambda w: w.astype(dtype), reduced.get(name, target_params.get(name)))
     return head
 
 
 def draft_logits(target_cfg: TargetConfig, head_params, slot_states: jax.Array) -> jax.Array:
-    """Final norm + LM head (params from draft_head_params) on drafter slot states: float32 logits."""
-    dtype = _draft_head_dtype(target_cfg)
-    cfg = dataclasses.replace(target_cfg, dtype=dtype)
-    return Target(cfg).apply({"params": head_params}, slot_states.astype(dtype), method=Target.head)
+    """Final norm + LM head (params from draft_head_params) on drafter slot states: float32 logits over the draft
+    vocabulary (position i: token head_params["draft_vocab"][i] when there is one, else token i)."""
+    cfg = dataclasses.replace(target_cfg, dtype=_draft_head_dtype(target_cfg))
+    if DRAFT_VOCAB in head_params:
+        cfg = dataclasses.replace(cfg, vocab_size=head_params[DRAFT_VOCAB].shape[0], tie_embeddings=False)
+    params = {k: v for k, v in head_params.items() if k != DRAFT_VOCAB}
+    return Target(cfg).apply({"params": params}, slot_states.astype(cfg.dtype), method=Target.head)
 
 
 def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array):

@@ -18,25 +18,29 @@ from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_f
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT, integer
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import split_draft_vocab
 from specformer_jax.training.batches import eval_batches
 from specformer_jax.training.dataset import check_scorable, check_token_ids
+from specformer_jax.training.draft_vocab import coverage
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 
 
 def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list[dict], *, seq_len: int = 512,
-                     batch_size: int = 8, progress: bool = False) -> dict:
+                     batch_size: int = 8, progress: bool = False, draft_len: int | None = None) -> dict:
     """Per-slot accuracy and loss, both accepted lengths and the per-slot acceptance over `records`
-    (read_distilled's), at most `seq_len` tokens of each."""
+    (read_distilled's), at most `seq_len` tokens of each. draft_len: score the first k slots only, as decoding with
+    k drafts (default: all)."""
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "input_ids" in r
                                                               for r in records):
         raise SpecformerError("records must be a non-empty list of distilled records (read_distilled(DIR))")
     seq_len, batch_size = integer(2).check("seq_len", seq_len), POSITIVE_INT.check("batch_size", batch_size)
     check_drafter_fits(drafter, target.cfg)
+    k = drafter.cfg.num_slots if draft_len is None else integer(1, drafter.cfg.num_slots).check("draft_len", draft_len)
     check_token_ids(records, target.cfg.vocab_size)
-    check_scorable(records, seq_len, drafter.cfg.num_slots)
+    check_scorable(records, seq_len, k)
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
     step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
-                                                        drafter_cfg=drafter.cfg, replay=True)[1])
+                                                        drafter_cfg=drafter.cfg, replay=True, num_slots=k)[1])
     total = None
     for b in tqdm(batches, desc="eval", disable=not progress):
         sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
@@ -44,11 +48,18 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
     m = metrics_from_sums(total)
     return {
         "num_sequences": len(records),
-        "num_slots": drafter.cfg.num_slots,
+        "num_slots": k,
         "loss_per_slot": np.asarray(m["loss_per_slot"]).round(4).tolist(),
         "accuracy_per_slot": np.asarray(m["accuracy_per_slot"]).round(4).tolist(),
         "acceptance_rate_per_slot": np.asarray(m["acceptance_rate_per_slot"]).round(4).tolist(),
         "expected_accepted_length": round(float(m["expected_accepted_length"]), 4),
         "decoding_accepted_length": round(float(m["decoding_accepted_length"]), 4),
         "scored_positions": int(total["positions"]),
-    }
+    } | _vocab_coverage(drafter, records, target.cfg.vocab_size)
+
+
+def _vocab_coverage(drafter: LoadedDrafter, records: list[dict], vocab_size: int) -> dict:
+    """{"draft_vocab_coverage": the share of the records' answer tokens in the drafter's draft vocabulary} (a drafter
+    with one), else {}."""
+    vocab = split_draft_vocab(drafter.params)[1]
+    return {} if vocab is None else {"draft_vocab_coverage": round(coverage(records, np.asarray(vocab), vocab_size), 4)}

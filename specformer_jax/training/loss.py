@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.drafter import Drafter, drafter_cache, next_token_embedding
+from specformer_jax.modeling.drafter import Drafter, drafter_cache, next_token_embedding, split_draft_vocab, vocab_head
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
@@ -50,13 +50,14 @@ def slot_teacher_index(T: int, num_slots: int) -> jax.Array:
     return jnp.minimum(jnp.arange(T)[:, None] + 1 + jnp.arange(num_slots)[None, :], T - 1)
 
 
-def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T, next_embed=None):
-    return Drafter(target_cfg, drafter_cfg).apply({"params": drafter_params}, hidden, drafter_cache(target_cfg, B, T),
+def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T, next_embed=None, num_slots=None):
+    return Drafter(target_cfg, drafter_cfg).apply({"params": split_draft_vocab(drafter_params)[0]}, hidden,
+                                                  drafter_cache(target_cfg, B, T), num_slots=num_slots,
                                                   next_embed=next_embed)[0]
 
 
 def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
-                    per_position: bool = False):
+                    per_position: bool = False, vocab=None):
     """Sums over slots of the weighted loss, correct top-1 and the leading-accepted count, per slot.
 
     states [B, T, K, d], labels/weights [B, T, K]. `teacher` [B, T, K, d]: the target's final-normed states whose
@@ -64,6 +65,9 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     loss: CE or KL), correct [K], count [K], and accepted_sum / positions (leading correct slots per position, over
     positions whose K slots are all supervised), accepted_at_least [K] (of those positions, how many have at least
     i + 1 leading correct slots). per_position: also "lead" int32[B, T], the leading correct slots at every position.
+
+    vocab: int32[V'], a reduced draft vocabulary: the slots' logits span only it, a label outside it is a miss and
+    adds nothing to the loss (CE), and KL compares the slots with the target's probabilities of those V' tokens.
     """
     B, T, K, d = states.shape
     N = B * T
@@ -82,17 +86,25 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         sums, lead = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: (zero, no_lead), x)
         return jax.tree.map(jnp.add, carry, sums), lead if per_position else None
 
+    head_cfg, head_params = vocab_head(target_cfg, target_params, vocab)  # gathered once, outside the chunks
+    index = None if vocab is None else jnp.full((target_cfg.vocab_size,), -1, jnp.int32).at[vocab].set(
+        jnp.arange(vocab.shape[0], dtype=jnp.int32))  # token -> its logit, -1 outside the draft vocabulary
+
     def chunk_sums(x):
         m, lab, w = x[:3]
-        apply = lambda h, method: Target(target_cfg).apply({"params": target_params}, h, method=method)
-        logits = apply(m, Target.head)  # [C, K, V] float32
+        logits = Target(head_cfg).apply({"params": head_params}, m, method=Target.head)  # [C, K, V'] float32
         lse = jax.nn.logsumexp(logits, axis=-1)
+        at = lab if vocab is None else jnp.maximum(index[lab], 0)
         if teacher is None:
-            ce = lse - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+            ce = lse - jnp.take_along_axis(logits, at[..., None], axis=-1)[..., 0]
+            ce = ce if vocab is None else jnp.where(index[lab] >= 0, ce, 0.0)
         else:
-            logp = jax.nn.log_softmax(apply(x[3], Target.logits), axis=-1)  # teacher states are final-normed
+            teacher_logits = Target(target_cfg).apply({"params": target_params}, x[3], method=Target.logits)
+            logp = jax.nn.log_softmax(teacher_logits, axis=-1)  # teacher states are final-normed
+            logp = logp if vocab is None else logp[..., vocab]
             ce = jnp.sum(jnp.exp(logp) * (logp - (logits - lse[..., None])), axis=-1)
-        hit = (jnp.argmax(logits, axis=-1) == lab) & (w > 0)
+        best = jnp.argmax(logits, axis=-1)
+        hit = ((best if vocab is None else vocab[best]) == lab) & (w > 0)
         supervised = w > 0
         # accepted = leading run of correct slots, counted where the whole window is supervised
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
@@ -152,9 +164,11 @@ def slot_weights(num_slots: int, decay: float) -> jax.Array:
 
 def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
                  drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False,
-                 slot_decay: float = 0.0):
+                 slot_decay: float = 0.0, num_slots: int | None = None):
     """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean).
-    Returns (loss, sums for metrics). replay: also the sums of `replay_rounds` (for evaluation: it is sequential)."""
+    drafter_params: the drafter's weights, and its "draft_vocab" when it has a reduced draft vocabulary.
+    Returns (loss, sums for metrics). replay: also the sums of `replay_rounds` (for evaluation: it is sequential).
+    num_slots: score only the first k slots, as decoding with k drafts uses them (default: all K)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
@@ -164,14 +178,16 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     next_embed = None
     if drafter_cfg.reads_next_tokens:
         next_embed = next_token_embedding(target_params, following_tokens(tokens))
-    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed)
-    labels, weights = slot_targets(tokens, label_mask, drafter_cfg.num_slots)
-    teacher = hidden[final][:, slot_teacher_index(T, drafter_cfg.num_slots)] if objective == "kl" else None
-    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay)
+    k = num_slots or drafter_cfg.num_slots
+    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed, k)
+    labels, weights = slot_targets(tokens, label_mask, k)
+    teacher = hidden[final][:, slot_teacher_index(T, k)] if objective == "kl" else None
+    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay,
+                           split_draft_vocab(drafter_params)[1])
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
     per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
-    return jnp.sum(slot_weights(drafter_cfg.num_slots, slot_decay) * per_slot), sums
+    return jnp.sum(slot_weights(k, slot_decay) * per_slot), sums
 
 
 def metrics_from_sums(sums) -> dict:

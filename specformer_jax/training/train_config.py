@@ -28,7 +28,7 @@ from specformer_jax.files import read_text
 from specformer_jax.training.loss import OBJECTIVES
 
 DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input",
-                    "context_token_input")  # -> DrafterConfig
+                    "context_token_input", "draft_vocab_size")  # -> DrafterConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,7 @@ class TrainConfig:
     intermediate_size: int | None = None  # the drafter's SwiGLU width; None = the target's
     next_token_input: bool = False  # slots also see the token after their position (our extension; see DrafterConfig)
     context_token_input: bool = False  # the context layer sees it too, beside the states (EAGLE's input; DrafterConfig)
+    draft_vocab_size: int | None = None  # V': the head scores only the V' most frequent answer tokens (None: all)
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
@@ -82,10 +83,10 @@ class TrainConfig:
         lr = self.lr if is_number(self.lr) else None
         for name, kind in {**_NUMBERS, "min_lr": number(0, lr, what=f"a finite number in [0, lr] = [0, {lr}]")}.items():
             object.__setattr__(self, name, kind.check(name, getattr(self, name)))
-        if self.intermediate_size is not None:
-            object.__setattr__(self, "intermediate_size", POSITIVE_INT.check("intermediate_size",
-                                                                             self.intermediate_size))
-        self.drafter()  # validates num_slots / slot_attention / intermediate_size
+        for name in ("intermediate_size", "draft_vocab_size"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, POSITIVE_INT.check(name, getattr(self, name)))
+        self.drafter()  # validates num_slots / slot_attention
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.attention_impl not in IMPLS:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import LoadedTarget, load_target
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter, split_draft_vocab
 from specformer_jax.parallel import (
     barrier,
     batch_sharded,
@@ -45,6 +45,7 @@ from specformer_jax.training.dataset import (
     load_records,
     split,
 )
+from specformer_jax.training.draft_vocab import coverage, draft_vocabulary
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -74,12 +75,15 @@ def train_shardings(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
     return state, param_shardings(target.params, mesh)
 
 
-def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
+def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh, vocab: np.ndarray | None = None):
     """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
-    the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel)."""
-    loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
-                                    chunk_positions=cfg.chunk_positions, objective=cfg.objective,
-                                    slot_decay=cfg.slot_loss_decay)
+    the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel). vocab: the
+    run's draft vocabulary (a constant of both steps), or None."""
+    extra = {} if vocab is None else {DRAFT_VOCAB: jnp.asarray(vocab)}
+    drafter_loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
+                                            chunk_positions=cfg.chunk_positions, objective=cfg.objective,
+                                            slot_decay=cfg.slot_loss_decay)
+    loss_fn = lambda params, *args, **kw: drafter_loss_fn({**params, **extra}, *args, **kw)
 
     def train_step(state: TrainState, target_params, batch):
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -153,10 +157,11 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
     if cfg.init_from is None:
         return fresh()
     start = load_drafter(cfg.init_from, target)
+    weights = split_draft_vocab(start.params)[0]  # the run makes its own draft vocabulary from its data
     if start.cfg == cfg.drafter():
-        return start.params
+        return weights
     if cfg.next_token_input and start.cfg == dataclasses.replace(cfg.drafter(), next_token_input=False):
-        return {**fresh(), **start.params}
+        return {**fresh(), **weights}
     raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
                           f"{cfg.drafter()}")
 
@@ -171,6 +176,8 @@ class _Run:
     mesh: object
     tx: optax.GradientTransformation
     start: dict  # the drafter's parameters to start from (init_from or random)
+    vocab: np.ndarray | None  # the draft vocabulary (draft_vocab_size), from the training records
+    vocab_meta: dict  # its size and coverage of the training and evaluation answers (drafter.json "draft_vocab")
     state_shardings: TrainState
     train_step: Callable
     eval_step: Callable
@@ -257,8 +264,9 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
     start = initial_params(cfg, target)  # a bad init_from fails here, before anything is written
+    vocab, vocab_meta = _draft_vocab(cfg, target, train_recs, eval_recs)
     mesh, tx = make_mesh(cfg.mesh), make_optimizer(cfg)
-    train_step, eval_step = make_steps(target, cfg, tx, mesh)
+    train_step, eval_step = make_steps(target, cfg, tx, mesh, vocab)
     data = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
                                  seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count()))
     evals = eval_batches(eval_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, num_batches=cfg.eval_batches)
@@ -268,8 +276,24 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     # Every process takes part in checkpoint saves and restores (each writes its own shards; orbax coordinates).
     manager = ocp.CheckpointManager(out / "checkpoints", options=ocp.CheckpointManagerOptions(
         max_to_keep=cfg.keep_checkpoints, create=True))
-    return _Run(cfg, out, target, mesh, tx, start, state_sh, train_step, eval_step, data, evals, manager,
-                jax.process_index() == 0)
+    return _Run(cfg, out, target, mesh, tx, start, vocab, vocab_meta, state_sh, train_step, eval_step, data, evals,
+                manager, jax.process_index() == 0)
+
+
+def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs) -> tuple[np.ndarray | None, dict]:
+    """The run's draft vocabulary (the same on every process and on resume: a function of the training records) and
+    what it covers; (None, {}) without draft_vocab_size."""
+    if cfg.draft_vocab_size is None:
+        return None, {}
+    V = target.cfg.vocab_size
+    vocab = draft_vocabulary(train_recs, cfg.draft_vocab_size, V)
+    meta = {"size": int(vocab.size), "coverage_train": round(coverage(train_recs, vocab, V), 4),
+            "coverage_eval": round(coverage(eval_recs, vocab, V), 4) if eval_recs else None}
+    if jax.process_index() == 0:
+        print(f"specformer: draft vocabulary of {vocab.size} tokens covers {meta['coverage_train']:.1%} of the "
+              "training answer tokens" + (f", {meta['coverage_eval']:.1%} of the evaluation ones" if eval_recs
+                                         else ""), file=sys.stderr)
+    return vocab, meta
 
 
 def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
@@ -359,6 +383,8 @@ def _export(run: _Run, state: TrainState, last_eval: dict) -> dict:
     params = to_host(state.params)  # a collective with several processes: all take part, process 0 writes
     if run.is_main:
         plot_training(run.out / "metrics.jsonl", run.out / "training_curve.png")
-        save_drafter(run.out / "drafter", cfg.drafter(), params, run.target.cfg, meta={
-            "target_source": run.target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval})
+        vocab = {} if run.vocab is None else {DRAFT_VOCAB: run.vocab}
+        save_drafter(run.out / "drafter", cfg.drafter(), {**params, **vocab}, run.target.cfg, meta={
+            "target_source": run.target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval,
+            **({"draft_vocab": run.vocab_meta} if run.vocab_meta else {})})
     return {"step": step, "eval": last_eval, "state": state}

@@ -1,0 +1,40 @@
+"""A reduced draft vocabulary: the V' tokens the drafter's head scores, chosen as the most frequent answer tokens of
+its training data, and the share of answer tokens such a vocabulary covers.
+
+Answers of a chat model use a small part of a large vocabulary, so a head over V' << V tokens drafts nearly as well
+for a fraction of the drafter's largest matmul. Drafts stay exact to verify: greedy verification checks the drafted
+token whatever vocabulary it came from, and sampled verification uses the distribution it was drawn from (zero
+outside V'). See docs/training.md, "A reduced draft vocabulary".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specformer_jax.errors import SpecformerError
+
+
+def answer_token_counts(records: list[dict], vocab_size: int) -> np.ndarray:
+    """int64[vocab_size]: how often each token occurs in the records' answers (input_ids after prompt_len)."""
+    counts = np.zeros(vocab_size, np.int64)
+    for r in records:
+        np.add.at(counts, np.asarray(r["input_ids"][r["prompt_len"]:], np.int64), 1)
+    return counts
+
+
+def draft_vocabulary(records: list[dict], size: int, vocab_size: int) -> np.ndarray:
+    """int32[size]: the `size` most frequent answer tokens of `records` (ties: the lower id), in ascending id order.
+    Tokens that never occur fill the rest by id, so the size is always `size`."""
+    if size >= vocab_size:
+        raise SpecformerError(f"draft_vocab_size {size} must be smaller than the target's vocabulary ({vocab_size} "
+                              "tokens); leave it unset to draft over the whole vocabulary")
+    counts = answer_token_counts(records, vocab_size)
+    order = np.lexsort((np.arange(vocab_size), -counts))  # count descending, then id ascending
+    return np.sort(order[:size]).astype(np.int32)
+
+
+def coverage(records: list[dict], vocab: np.ndarray, vocab_size: int) -> float:
+    """The share of the records' answer tokens that lie in `vocab` (0 when they hold no answer token)."""
+    counts = answer_token_counts(records, vocab_size)
+    total = counts.sum()
+    return float(counts[np.asarray(vocab)].sum() / total) if total else 0.0

@@ -1,0 +1,174 @@
+"""A reduced draft vocabulary: chosen from the answers, drafted over exactly (greedy and sampled), scored by the loss
+as the full head restricted to it, saved and loaded with the drafter, and made by training."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_speculative import GREEDY, KEYS, PROMPTS, ar, oracle_drafts
+
+from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits, load_drafter, save_drafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.scheduler import decode_requests, run_to_end
+from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
+from specformer_jax.modeling.target import Target
+from specformer_jax.training.draft_vocab import coverage, draft_vocabulary
+from specformer_jax.training.loss import chunked_slot_ce, slot_targets
+
+N = 20
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_answer_tokens():
+    records = [{"input_ids": [9, 9, 9, 9, 5, 5, 3, 7], "prompt_len": 4},  # prompt tokens (9) do not count
+               {"input_ids": [1, 5, 7, 2], "prompt_len": 1}]
+    # answer counts: 5 x3, 7 x2, 3 x1, 2 x1 -> the top three are 5, 7 and (tie at one: the lower id) 2
+    np.testing.assert_array_equal(draft_vocabulary(records, 3, 10), [2, 5, 7])
+    np.testing.assert_array_equal(draft_vocabulary(records, 6, 10), [0, 1, 2, 3, 5, 7])  # unseen ones fill by id
+    assert coverage(records, np.array([5, 7]), 10) == pytest.approx(5 / 7)
+    with pytest.raises(SpecformerError, match="must be smaller than the target's vocabulary"):
+        draft_vocabulary(records, 10, 10)
+
+
+def test_drafts_come_from_the_draft_vocabulary_and_q_is_zero_outside_it():
+    V, vocab = 40, jnp.array([1, 4, 9, 16, 25, 36], jnp.int32)
+    logits = jax.random.normal(jax.random.key(0), (3, 2, vocab.size)) * 3
+    full = jnp.full((3, 2, V), -jnp.inf).at[..., vocab].set(logits)  # the whole head with the rest masked out
+    drafts, _ = choose_drafts(logits, None, GREEDY, vocab, V)
+    np.testing.assert_array_equal(drafts, jnp.argmax(full, axis=-1))
+    sampling = SamplingConfig(temperature=0.8, top_k=4)
+    drafts, q = choose_drafts(logits, jax.random.split(jax.random.key(1), 3), sampling, vocab, V)
+    assert q.shape == (3, 2, V) and np.isin(np.asarray(drafts), np.asarray(vocab)).all()
+    np.testing.assert_allclose(q, jax.nn.softmax(process_logits(full, sampling), axis=-1), atol=1e-6)
+    assert (np.take_along_axis(np.asarray(q), np.asarray(drafts)[..., None], -1) > 0).all()
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    return load_target(tiny_checkpoints["qwen2"])
+
+
+def test_perfect_drafts_over_a_draft_vocabulary_are_accepted_when_inside_it(model):
+    """Oracle drafts scored over the draft vocabulary: the engine maps them to token ids, so every AR token inside
+    it is accepted and those outside cannot be drafted; the output is the AR output either way."""
+    ref = ar(model, PROMPTS)
+    answer = [t for r in ref for t in r[1:]]
+    common = np.unique(answer)[: len(np.unique(answer)) * 2 // 3]  # most answer tokens, not all
+    vocab = np.union1d(common, np.arange(0, 128, 5)).astype(np.int32)
+    index = np.full(128, vocab.size - 1)
+    index[vocab] = np.arange(vocab.size)  # outside: the draft is the last vocabulary token
+    full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(PROMPTS, ref)] + [[0] * 64]
+    oracle = oracle_drafts(full)
+
+    def draft(*args, k=4):  # the oracle's one-hot drafts, as logits over the draft vocabulary
+        logits, dcache = oracle(*args, k=k)
+        return jax.nn.one_hot(jnp.asarray(index)[jnp.argmax(logits, -1)], vocab.size) * 30.0, dcache
+
+    plan = DecodePlan(model.cfg, model.eos_ids, GREEDY, N, DrafterConfig(num_slots=4, draft_vocab_size=vocab.size), 4,
+                      drafts_from=draft)
+    run = run_to_end(decode_requests(plan, model.params, {DRAFT_VOCAB: jnp.asarray(vocab)}, PROMPTS, len(PROMPTS),
+                                     KEYS, schedule="static"))
+    assert run.token_ids == ref
+    inside = np.isin(answer, vocab).mean()
+    accepted = np.asarray(run.rows["accepted"])[:, 0].sum() / np.asarray(run.rows["row_rounds"]).sum()
+    assert 0.3 < accepted < 1 and inside < 1  # accepted when inside, never when outside
+
+
+def reduced_drafter(model, size=48, seed=0, **kw) -> LoadedDrafter:
+    cfg = DrafterConfig(num_slots=kw.pop("num_slots", 4), draft_vocab_size=size, **kw)
+    params = init_drafter(model.cfg, cfg, jax.random.key(seed))
+    ids = np.sort(np.random.default_rng(seed).choice(model.cfg.vocab_size, size, replace=False))
+    return LoadedDrafter(cfg, params | {DRAFT_VOCAB: jnp.asarray(ids, jnp.int32)}, {})
+
+
+def test_a_drafter_with_a_draft_vocabulary_is_lossless(model):
+    drafter = reduced_drafter(model)
+    for k in (4, 1):
+        assert generate(model, PROMPTS, max_new_tokens=N, drafter=drafter, draft_len=k).token_ids == ar(model, PROMPTS)
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2"])  # a separate LM head and a tied one
+@pytest.mark.parametrize("teacher", [False, True], ids=["ce", "kl"])
+def test_the_loss_over_a_draft_vocabulary_is_the_full_head_restricted(tiny_checkpoints, name, teacher):
+    target = load_target(tiny_checkpoints[name])
+    cfg, V = target.cfg, target.cfg.vocab_size
+    B, T, K, d = 2, 12, 3, cfg.hidden_size
+    states = jax.random.normal(jax.random.key(0), (B, T, K, d))
+    tokens = jax.random.randint(jax.random.key(1), (B, T), 0, V)
+    labels, weights = slot_targets(tokens, jnp.ones((B, T)), K)
+    vocab = jnp.asarray(np.sort(np.random.default_rng(0).choice(V, 50, replace=False)), jnp.int32)
+    labels = labels.at[0, :4].set(vocab[:1])  # some labels certainly inside
+    teach = jax.random.normal(jax.random.key(2), (B, T, K, d)) if teacher else None
+    got = chunked_slot_ce(cfg, target.params, states, labels, weights, 8, teach, vocab=vocab)
+
+    head = lambda h, method=Target.head: Target(cfg).apply({"params": target.params}, h, method=method)
+    logits = np.asarray(head(states), np.float64)[..., np.asarray(vocab)]  # the full head, then restricted
+    logq = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    lab, inside = np.asarray(labels), np.isin(np.asarray(labels), np.asarray(vocab))
+    pos = np.searchsorted(np.asarray(vocab), lab)
+    if teacher:
+        full = np.asarray(head(teach, Target.logits), np.float64)
+        p = np.exp(full - np.log(np.exp(full).sum(-1, keepdims=True)))[..., np.asarray(vocab)]
+        loss = (p * (np.log(p) - logq)).sum(-1)
+    else:
+        loss = np.where(inside, -np.take_along_axis(logq, np.minimum(pos, 49)[..., None], -1)[..., 0], 0.0)
+    w = np.asarray(weights)
+    hit = (np.asarray(vocab)[logits.argmax(-1)] == lab) & (w > 0)
+    np.testing.assert_allclose(got["ce_sum"], (w * loss).sum((0, 1)), rtol=2e-4)
+    np.testing.assert_array_equal(got["correct"], hit.sum((0, 1)))
+    assert hit[~inside].sum() == 0 and inside.any() and not inside.all()
+
+
+def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_path):
+    target = load_target(tiny_checkpoints["qwen2"])
+    drafter = reduced_drafter(target, size=32, num_slots=2)
+    save_drafter(tmp_path / "d", drafter.cfg, drafter.params, target.cfg)
+    loaded = load_drafter(tmp_path / "d", target)
+    assert loaded.params[DRAFT_VOCAB].dtype == jnp.int32
+    np.testing.assert_array_equal(loaded.params[DRAFT_VOCAB], drafter.params[DRAFT_VOCAB])
+    check_drafter_fits(loaded, target.cfg)
+    bad = np.asarray(drafter.params[DRAFT_VOCAB]).copy()
+    bad[1] = bad[0]  # a repeated id
+    save_drafter(tmp_path / "dup", drafter.cfg, drafter.params | {DRAFT_VOCAB: bad}, target.cfg)
+    with pytest.raises(SpecformerError, match="distinct token ids"):
+        load_drafter(tmp_path / "dup", target)
+    weights = {k: v for k, v in drafter.params.items() if k != DRAFT_VOCAB}
+    save_drafter(tmp_path / "none", drafter.cfg, weights, target.cfg)
+    with pytest.raises(SpecformerError, match="must hold 32 token ids"):
+        load_drafter(tmp_path / "none", target)
+    with pytest.raises(SpecformerError, match="must hold 32 token ids"):
+        check_drafter_fits(LoadedDrafter(drafter.cfg, weights, {}), target.cfg)
+
+
+def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path, monkeypatch):
+    from test_training import config
+
+    from specformer_jax.training import trainer
+
+    target = load_target(tiny_checkpoints["llama3"])
+    prompts = np.random.default_rng(0).integers(3, 128, size=(24, 6)).tolist()
+    answers = generate(target, prompts, max_new_tokens=20, batch_size=24).token_ids
+    recs = [{"index": i, "input_ids": p + a, "prompt_len": 6} for i, (p, a) in enumerate(zip(prompts, answers))]
+    monkeypatch.setattr(trainer, "load_records", lambda *a, **k: recs)
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)
+    trainer.train(config(tiny_checkpoints, tmp_path, draft_vocab_size=40, steps=4, eval_every=4, save_every=4),
+                  progress=False)
+    meta = json.loads((tmp_path / "drafter" / "drafter.json").read_text())
+    train_recs = trainer.split(recs, 0.1)[0]
+    want = draft_vocabulary(train_recs, 40, 128)
+    assert meta["drafter"]["draft_vocab_size"] == 40
+    assert meta["draft_vocab"]["coverage_train"] == pytest.approx(coverage(train_recs, want, 128), abs=1e-4)
+    drafter = load_drafter(tmp_path / "drafter", target)
+    np.testing.assert_array_equal(drafter.params[DRAFT_VOCAB], want)
+    prompts = prompts[:5]
+    assert (generate(target, prompts, max_new_tokens=N, drafter=drafter, draft_len=3).token_ids
+            == generate(target, prompts, max_new_tokens=N).token_ids)
