@@ -5,8 +5,8 @@
 
 Weights are random (cost does not depend on them); a draft vocabulary's ids are the V' lowest ids (cost does not
 depend on which). "draft" times the draft function alone (the drafter's context layer over one round's k + 1
-tokens, its slots at one position, the head) as the engine calls it; "round" is the engine's round with k drafts
-(verify, acceptance, drafting, bookkeeping), from measure_costs. Ratios are against the first drafter.
+tokens, its slots at one position, the head) as the engine calls it; with --rounds, "round" is the engine's round
+with k drafts (verify, acceptance, drafting, bookkeeping), from measure_costs. Ratios are against the first drafter.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def drafter_for(model, arm: str) -> LoadedDrafter:
     name, _, size = arm.partition(":")
     settings = {"draft_vocab_size": int(size)} if name == "draft_vocab" else ARMS[name]
     cfg = DrafterConfig(**{"num_slots": 4, **settings})
+    if (cfg.draft_vocab_size or 0) >= model.cfg.vocab_size:
+        raise SystemExit(f"{arm}: a draft vocabulary must be smaller than the model's ({model.cfg.vocab_size})")
     params = init_drafter(model.cfg, cfg, jax.random.key(0))
     if cfg.draft_vocab_size:
         params[DRAFT_VOCAB] = jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32)
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--draft-lens", default="1,4", help="k per round")
     ap.add_argument("--context", type=int, default=256, help="tokens in the caches")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--rounds", action="store_true", help="also time the engine's plain step and whole rounds")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = load_target(args.model)
@@ -83,15 +86,17 @@ def main() -> None:
     for batch in map(int, args.batch_sizes.split(",")):
         for arm in arms:
             drafter = drafter_for(model, arm)
-            costs = measure_costs(model, drafter, batch, args.context)
-            rows.append({"batch": batch, "drafter": arm, "step_seconds": costs["step_seconds"],
-                         "round_seconds": {k: costs["round_seconds"][k] for k in ks},
+            rows.append({"batch": batch, "drafter": arm,
                          "draft_seconds": {k: draft_seconds(model, drafter, batch, k, args.context, args.repeats)
                                            for k in ks}})
+            if args.rounds:
+                costs = measure_costs(model, drafter, batch, args.context)
+                rows[-1] |= {"step_seconds": costs["step_seconds"],
+                             "round_seconds": {k: costs["round_seconds"][k] for k in ks}}
             print(json.dumps(rows[-1]), file=sys.stderr)
     for r in rows:  # against the first drafter at the same batch
         first = next(f for f in rows if f["batch"] == r["batch"])
-        for what in ("draft", "round"):
+        for what in ("draft", "round") if args.rounds else ("draft",):
             r[f"{what}_vs_{arms[0]}"] = {k: round(r[f"{what}_seconds"][k] / first[f"{what}_seconds"][k], 3) for k in ks}
     dev = jax.devices()[0]
     result = {"command": " ".join(sys.argv), "device": dev.device_kind, "platform": dev.platform,

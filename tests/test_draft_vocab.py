@@ -147,6 +147,8 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
         load_drafter(tmp_path / "none", target)
     with pytest.raises(SpecformerError, match="must hold 32 token ids"):
         check_drafter_fits(LoadedDrafter(drafter.cfg, weights, {}), target.cfg)
+    with pytest.raises(SpecformerError, match="sets no draft_vocab_size"):
+        check_drafter_fits(LoadedDrafter(DrafterConfig(num_slots=2), drafter.params, {}), target.cfg)
 
 
 def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path, monkeypatch):
@@ -172,3 +174,13 @@ def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path,
     prompts = prompts[:5]
     assert (generate(target, prompts, max_new_tokens=N, drafter=drafter, draft_len=3).token_ids
             == generate(target, prompts, max_new_tokens=N).token_ids)
+    # resuming on data that makes another vocabulary is refused; a full-vocabulary drafter starts a V' run
+    monkeypatch.setattr(trainer, "draft_vocabulary", lambda *a: np.roll(want, 1))
+    with pytest.raises(SpecformerError, match="another draft vocabulary"):
+        trainer.train(config(tiny_checkpoints, tmp_path, draft_vocab_size=40, steps=6), resume=True, progress=False)
+    full = DrafterConfig(num_slots=3)
+    save_drafter(tmp_path / "full", full, init_drafter(target.cfg, full, jax.random.key(3)), target.cfg)
+    start = trainer.initial_params(config(tiny_checkpoints, tmp_path / "r", draft_vocab_size=40,
+                                          init_from=str(tmp_path / "full")), target)
+    np.testing.assert_array_equal(start["expand"]["kernel"], load_drafter(tmp_path / "full", target).params["expand"]
+                                  ["kernel"])

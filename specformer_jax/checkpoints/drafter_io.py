@@ -100,6 +100,8 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
                                   "wrong shape (a drafter for another target?)")
     if drafter.cfg.draft_vocab_size is not None:
         _checked_vocab(have.get(DRAFT_VOCAB), drafter.cfg, target, "this drafter")
+    elif DRAFT_VOCAB in have:
+        raise SpecformerError(f"this drafter holds a {DRAFT_VOCAB} parameter but its config sets no draft_vocab_size")
 
 
 def _checked_vocab(ids, cfg: DrafterConfig, target: TargetConfig, where: str) -> np.ndarray:

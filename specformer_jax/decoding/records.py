@@ -26,6 +26,7 @@ from specformer_jax.checkpoints.default import cache_dir
 from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.files import write_json
+from specformer_jax.modeling.drafter import split_draft_vocab
 
 FILE_NAME = "decode_records.json"
 TABLES = ("step_costs", "acceptance", "batch_rounds")
@@ -180,6 +181,7 @@ def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cach
 
 
 def _drafter_key(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> str:
-    first = jax.tree.leaves(drafter.params)[0]
+    weights, vocab = split_draft_vocab(drafter.params)
+    digest = lambda x: hashlib.sha256(jax.device_get(x).tobytes()).hexdigest()
     return _hashed([_model(model), repr(drafter.cfg), drafter.meta.get("eval"), sampled,
-                    hashlib.sha256(jax.device_get(first).tobytes()).hexdigest()])
+                    digest(jax.tree.leaves(weights)[0])] + ([digest(vocab)] if vocab is not None else []))

@@ -168,7 +168,7 @@ def draft_head_params(target_cfg: TargetConfig, target_params, dparams=None):
     hold one, which then rides along), the head matrix in `_draft_head_dtype`; the input embedding too (the tokens
     a drafter reads).
 
-    Drafting reads the whole vocabulary matrix once more per round; in bfloat16 that read costs half. Drafts only
+    Drafting reads the head's matrix (V or V' rows) once more per round; in bfloat16 that read costs half. Drafts only
     need the logits' ranking (and, when sampling, verification uses the distribution they were actually drawn
     from), so the output stays exactly the target's.
     """

@@ -59,7 +59,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
 
 
 def _vocab_coverage(drafter: LoadedDrafter, records: list[dict], vocab_size: int) -> dict:
-    """{"draft_vocab_coverage": the share of the records' answer tokens in the drafter's draft vocabulary} (a drafter
-    with one), else {}."""
+    """{"draft_vocab_coverage": the share of the records' answer tokens (whole, not cut to seq_len) in the drafter's
+    draft vocabulary} (a drafter with one), else {}."""
     vocab = split_draft_vocab(drafter.params)[1]
     return {} if vocab is None else {"draft_vocab_coverage": round(coverage(records, np.asarray(vocab), vocab_size), 4)}

@@ -66,8 +66,10 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     positions whose K slots are all supervised), accepted_at_least [K] (of those positions, how many have at least
     i + 1 leading correct slots). per_position: also "lead" int32[B, T], the leading correct slots at every position.
 
-    vocab: int32[V'], a reduced draft vocabulary: the slots' logits span only it, a label outside it is a miss and
-    adds nothing to the loss (CE), and KL compares the slots with the target's probabilities of those V' tokens.
+    vocab: int32[V'], a reduced draft vocabulary: the slots' logits span only it, and a label outside it is a miss
+    that adds zero to the loss (CE) while still counting in `count`, the loss's denominator. Under KL the slots
+    learn the target's probabilities of those V' tokens: sum over V' of p (log p - log q), which the mass outside V'
+    can make negative.
     """
     B, T, K, d = states.shape
     N = B * T
@@ -86,6 +88,7 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         sums, lead = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: (zero, no_lead), x)
         return jax.tree.map(jnp.add, carry, sums), lead if per_position else None
 
+    vocab = None if vocab is None else jnp.asarray(vocab)
     head_cfg, head_params = vocab_head(target_cfg, target_params, vocab)  # gathered once, outside the chunks
     index = None if vocab is None else jnp.full((target_cfg.vocab_size,), -1, jnp.int32).at[vocab].set(
         jnp.arange(vocab.shape[0], dtype=jnp.int32))  # token -> its logit, -1 outside the draft vocabulary

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import LoadedTarget, load_target
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import write_json
 from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter, split_draft_vocab
 from specformer_jax.parallel import (
     barrier,
@@ -79,7 +80,7 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh, vocab: np.ndarr
     """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
     the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel). vocab: the
     run's draft vocabulary (a constant of both steps), or None."""
-    extra = {} if vocab is None else {DRAFT_VOCAB: jnp.asarray(vocab)}
+    extra = {} if vocab is None else {DRAFT_VOCAB: vocab}  # numpy: a constant of the compiled steps
     drafter_loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
                                             chunk_positions=cfg.chunk_positions, objective=cfg.objective,
                                             slot_decay=cfg.slot_loss_decay)
@@ -158,9 +159,10 @@ def initial_params(cfg: TrainConfig, target: LoadedTarget):
         return fresh()
     start = load_drafter(cfg.init_from, target)
     weights = split_draft_vocab(start.params)[0]  # the run makes its own draft vocabulary from its data
-    if start.cfg == cfg.drafter():
+    same = dataclasses.replace(start.cfg, draft_vocab_size=cfg.draft_vocab_size)  # the weights do not depend on it
+    if same == cfg.drafter():
         return weights
-    if cfg.next_token_input and start.cfg == dataclasses.replace(cfg.drafter(), next_token_input=False):
+    if cfg.next_token_input and same == dataclasses.replace(cfg.drafter(), next_token_input=False):
         return {**fresh(), **weights}
     raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
                           f"{cfg.drafter()}")
@@ -287,6 +289,7 @@ def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs) 
         return None, {}
     V = target.cfg.vocab_size
     vocab = draft_vocabulary(train_recs, cfg.draft_vocab_size, V)
+    _check_same_vocab(Path(cfg.out).absolute() / VOCAB_FILE, vocab)
     meta = {"size": int(vocab.size), "coverage_train": round(coverage(train_recs, vocab, V), 4),
             "coverage_eval": round(coverage(eval_recs, vocab, V), 4) if eval_recs else None}
     if jax.process_index() == 0:
@@ -294,6 +297,16 @@ def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs) 
               "training answer tokens" + (f", {meta['coverage_eval']:.1%} of the evaluation ones" if eval_recs
                                          else ""), file=sys.stderr)
     return vocab, meta
+
+
+VOCAB_FILE = "draft_vocab.json"  # the run's draft vocabulary, kept beside its checkpoints
+
+
+def _check_same_vocab(path: Path, vocab: np.ndarray) -> None:
+    """Refuse to resume with a draft vocabulary other than the one the checkpoints were trained with (data changed)."""
+    if path.is_file() and json.loads(path.read_text()) != vocab.tolist():
+        raise SpecformerError(f"{path.parent}: the training data now makes another draft vocabulary than the one this "
+                              "run was trained with (see draft_vocab.json): resume with the run's data")
 
 
 def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
@@ -320,6 +333,8 @@ def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
     if run.is_main:
         open(run.out / "metrics.jsonl", "a").close()  # appended to at every logged step: unwritable shows now
         (run.out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+        if run.vocab is not None:
+            write_json(run.out / VOCAB_FILE, run.vocab.tolist())
     return state
 
 
