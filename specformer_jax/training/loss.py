@@ -96,18 +96,10 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     def chunk_sums(x):
         m, lab, w = x[:3]
         logits = Target(head_cfg).apply({"params": head_params}, m, method=Target.head)  # [C, K, V'] float32
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        at = lab if vocab is None else jnp.maximum(index[lab], 0)
-        if teacher is None:
-            ce = lse - jnp.take_along_axis(logits, at[..., None], axis=-1)[..., 0]
-            ce = ce if vocab is None else jnp.where(index[lab] >= 0, ce, 0.0)
-        else:
-            teacher_logits = Target(target_cfg).apply({"params": target_params}, x[3], method=Target.logits)
-            logp = jax.nn.log_softmax(teacher_logits, axis=-1)  # teacher states are final-normed
-            logp = logp if vocab is None else logp[..., vocab]
-            ce = jnp.sum(jnp.exp(logp) * (logp - (logits - lse[..., None])), axis=-1)
-        best = jnp.argmax(logits, axis=-1)
-        hit = ((best if vocab is None else vocab[best]) == lab) & (w > 0)
+        teacher_logits = None if teacher is None else Target(target_cfg).apply(
+            {"params": target_params}, x[3], method=Target.logits)  # teacher states are final-normed
+        ce, drafted = _slot_loss(logits, lab, teacher_logits, vocab, index)
+        hit = (drafted == lab) & (w > 0)
         supervised = w > 0
         # accepted = leading run of correct slots, counted where the whole window is supervised
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
@@ -128,6 +120,23 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     if per_position:
         sums["lead"] = jnp.zeros((N,), jnp.int32).at[order].set(leads.reshape(-1)[:N]).reshape(B, T)
     return sums
+
+
+def _slot_loss(logits, labels, teacher_logits, vocab, index):
+    """(loss [C, K], the drafted token [C, K]) from the slots' logits over the draft vocabulary [C, K, V']: CE
+    against `labels`, or KL from the teacher's distribution when teacher_logits [C, K, V] are given. vocab/index:
+    the draft vocabulary's ids and token -> logit map (-1 outside), or None."""
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    if teacher_logits is None:
+        at = labels if vocab is None else jnp.maximum(index[labels], 0)
+        ce = lse - jnp.take_along_axis(logits, at[..., None], axis=-1)[..., 0]
+        ce = ce if vocab is None else jnp.where(index[labels] >= 0, ce, 0.0)
+    else:
+        logp = jax.nn.log_softmax(teacher_logits, axis=-1)
+        logp = logp if vocab is None else logp[..., vocab]
+        ce = jnp.sum(jnp.exp(logp) * (logp - (logits - lse[..., None])), axis=-1)
+    best = jnp.argmax(logits, axis=-1)
+    return ce, best if vocab is None else vocab[best]
 
 
 def replay_rounds(lead: jax.Array, label_mask: jax.Array):
