@@ -22,7 +22,7 @@ from specformer_jax.decoding.speculative import choose_drafts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
 from specformer_jax.modeling.target import Target
-from specformer_jax.training.draft_vocab import coverage, draft_vocabulary
+from specformer_jax.training.draft_vocab import answer_token_counts, coverage, draft_vocabulary
 from specformer_jax.training.loss import chunked_slot_ce, slot_targets
 
 N = 20
@@ -32,11 +32,12 @@ def test_the_draft_vocabulary_is_the_most_frequent_answer_tokens():
     records = [{"input_ids": [9, 9, 9, 9, 5, 5, 3, 7], "prompt_len": 4},  # prompt tokens (9) do not count
                {"input_ids": [1, 5, 7, 2], "prompt_len": 1}]
     # answer counts: 5 x3, 7 x2, 3 x1, 2 x1 -> the top three are 5, 7 and (tie at one: the lower id) 2
-    np.testing.assert_array_equal(draft_vocabulary(records, 3, 10), [2, 5, 7])
-    np.testing.assert_array_equal(draft_vocabulary(records, 6, 10), [0, 1, 2, 3, 5, 7])  # unseen ones fill by id
-    assert coverage(records, np.array([5, 7]), 10) == pytest.approx(5 / 7)
+    counts = answer_token_counts(records, 10)
+    np.testing.assert_array_equal(draft_vocabulary(counts, 3), [2, 5, 7])
+    np.testing.assert_array_equal(draft_vocabulary(counts, 6), [0, 1, 2, 3, 5, 7])  # unseen ones fill by id
+    assert coverage(counts, np.array([5, 7])) == pytest.approx(5 / 7)
     with pytest.raises(SpecformerError, match="must be smaller than the target's vocabulary"):
-        draft_vocabulary(records, 10, 10)
+        draft_vocabulary(counts, 10)
 
 
 def test_drafts_come_from_the_draft_vocabulary_and_q_is_zero_outside_it():
@@ -166,9 +167,10 @@ def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path,
                   progress=False)
     meta = json.loads((tmp_path / "drafter" / "drafter.json").read_text())
     train_recs = trainer.split(recs, 0.1)[0]
-    want = draft_vocabulary(train_recs, 40, 128)
+    counts = answer_token_counts(train_recs, 128)
+    want = draft_vocabulary(counts, 40)
     assert meta["drafter"]["draft_vocab_size"] == 40
-    assert meta["draft_vocab"]["coverage_train"] == pytest.approx(coverage(train_recs, want, 128), abs=1e-4)
+    assert meta["draft_vocab"]["coverage_train"] == pytest.approx(coverage(counts, want), abs=1e-4)
     drafter = load_drafter(tmp_path / "drafter", target)
     np.testing.assert_array_equal(drafter.params[DRAFT_VOCAB], want)
     prompts = prompts[:5]

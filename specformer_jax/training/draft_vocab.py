@@ -16,25 +16,23 @@ from specformer_jax.errors import SpecformerError
 
 def answer_token_counts(records: list[dict], vocab_size: int) -> np.ndarray:
     """int64[vocab_size]: how often each token occurs in the records' answers (input_ids after prompt_len)."""
-    counts = np.zeros(vocab_size, np.int64)
-    for r in records:
-        np.add.at(counts, np.asarray(r["input_ids"][r["prompt_len"]:], np.int64), 1)
-    return counts
+    answers = [np.asarray(r["input_ids"][r["prompt_len"]:], np.int64) for r in records]
+    return np.bincount(np.concatenate([np.zeros(0, np.int64), *answers]), minlength=vocab_size)
 
 
-def draft_vocabulary(records: list[dict], size: int, vocab_size: int) -> np.ndarray:
-    """int32[size]: the `size` most frequent answer tokens of `records` (ties: the lower id), in ascending id order.
-    Tokens that never occur fill the rest by id, so the size is always `size`."""
+def draft_vocabulary(counts: np.ndarray, size: int) -> np.ndarray:
+    """int32[size]: the `size` most frequent tokens by `counts` (answer_token_counts; ties: the lower id), in
+    ascending id order. Tokens that never occur fill the rest by id, so the size is always `size`."""
+    vocab_size = counts.shape[0]
     if size >= vocab_size:
         raise SpecformerError(f"draft_vocab_size {size} must be smaller than the target's vocabulary ({vocab_size} "
                               "tokens); leave it unset to draft over the whole vocabulary")
-    counts = answer_token_counts(records, vocab_size)
     order = np.lexsort((np.arange(vocab_size), -counts))  # count descending, then id ascending
     return np.sort(order[:size]).astype(np.int32)
 
 
-def coverage(records: list[dict], vocab: np.ndarray, vocab_size: int) -> float:
-    """The share of the records' answer tokens that lie in `vocab` (0 when they hold no answer token)."""
-    counts = answer_token_counts(records, vocab_size)
+def coverage(counts: np.ndarray, vocab: np.ndarray) -> float:
+    """The share of the answer tokens counted in `counts` (answer_token_counts) that lie in `vocab` (0 when there
+    are none)."""
     total = counts.sum()
     return float(counts[np.asarray(vocab)].sum() / total) if total else 0.0

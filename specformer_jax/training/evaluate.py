@@ -21,7 +21,7 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import split_draft_vocab
 from specformer_jax.training.batches import eval_batches
 from specformer_jax.training.dataset import check_scorable, check_token_ids
-from specformer_jax.training.draft_vocab import coverage
+from specformer_jax.training.draft_vocab import answer_token_counts, coverage
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 
 
@@ -62,4 +62,6 @@ def _vocab_coverage(drafter: LoadedDrafter, records: list[dict], vocab_size: int
     """{"draft_vocab_coverage": the share of the records' answer tokens (whole, not cut to seq_len) in the drafter's
     draft vocabulary} (a drafter with one), else {}."""
     vocab = split_draft_vocab(drafter.params)[1]
-    return {} if vocab is None else {"draft_vocab_coverage": round(coverage(records, np.asarray(vocab), vocab_size), 4)}
+    if vocab is None:
+        return {}
+    return {"draft_vocab_coverage": round(coverage(answer_token_counts(records, vocab_size), np.asarray(vocab)), 4)}

@@ -46,7 +46,7 @@ from specformer_jax.training.dataset import (
     load_records,
     split,
 )
-from specformer_jax.training.draft_vocab import coverage, draft_vocabulary
+from specformer_jax.training.draft_vocab import answer_token_counts, coverage, draft_vocabulary
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -266,7 +266,7 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
     start = initial_params(cfg, target)  # a bad init_from fails here, before anything is written
-    vocab, vocab_meta = _draft_vocab(cfg, target, train_recs, eval_recs)
+    vocab, vocab_meta = _draft_vocab(cfg, target, train_recs, eval_recs, resume)
     mesh, tx = make_mesh(cfg.mesh), make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh, vocab)
     data = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
@@ -282,16 +282,19 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
                 manager, jax.process_index() == 0)
 
 
-def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs) -> tuple[np.ndarray | None, dict]:
-    """The run's draft vocabulary (the same on every process and on resume: a function of the training records) and
-    what it covers; (None, {}) without draft_vocab_size."""
+def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs,
+                 resume: bool) -> tuple[np.ndarray | None, dict]:
+    """The run's draft vocabulary (the same on every process: a function of the training records; on resume, the
+    one the run was trained with or an error) and what it covers; (None, {}) without draft_vocab_size."""
     if cfg.draft_vocab_size is None:
         return None, {}
-    V = target.cfg.vocab_size
-    vocab = draft_vocabulary(train_recs, cfg.draft_vocab_size, V)
-    _check_same_vocab(Path(cfg.out).absolute() / VOCAB_FILE, vocab)
-    meta = {"size": int(vocab.size), "coverage_train": round(coverage(train_recs, vocab, V), 4),
-            "coverage_eval": round(coverage(eval_recs, vocab, V), 4) if eval_recs else None}
+    counts = answer_token_counts(train_recs, target.cfg.vocab_size)
+    vocab = draft_vocabulary(counts, cfg.draft_vocab_size)
+    if resume:
+        _check_same_vocab(Path(cfg.out).absolute() / VOCAB_FILE, vocab)
+    eval_counts = answer_token_counts(eval_recs, target.cfg.vocab_size) if eval_recs else None
+    meta = {"size": int(vocab.size), "coverage_train": round(coverage(counts, vocab), 4),
+            "coverage_eval": round(coverage(eval_counts, vocab), 4) if eval_recs else None}
     if jax.process_index() == 0:
         print(f"specformer: draft vocabulary of {vocab.size} tokens covers {meta['coverage_train']:.1%} of the "
               "training answer tokens" + (f", {meta['coverage_eval']:.1%} of the evaluation ones" if eval_recs
