@@ -150,6 +150,9 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
         check_drafter_fits(LoadedDrafter(drafter.cfg, weights, {}), target.cfg)
     with pytest.raises(SpecformerError, match="sets no draft_vocab_size"):
         check_drafter_fits(LoadedDrafter(DrafterConfig(num_slots=2), drafter.params, {}), target.cfg)
+    save_drafter(tmp_path / "stray", DrafterConfig(num_slots=2), drafter.params, target.cfg)  # config without it
+    with pytest.raises(SpecformerError, match="holds parameters its drafter.json settings do not have: draft_vocab"):
+        load_drafter(tmp_path / "stray", target)
 
 
 def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path, monkeypatch):

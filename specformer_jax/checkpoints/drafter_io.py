@@ -150,8 +150,13 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     tensors = read_safetensors(path / "params.safetensors") if (path / "params.safetensors").is_file() else None
     if tensors is None:
         raise SpecformerError(f"{path} has no params.safetensors")
+    expected = _expected_params(target.cfg, cfg)
+    stray = sorted(set(tensors) - set(expected) - ({DRAFT_VOCAB} if cfg.draft_vocab_size is not None else set()))
+    if stray:  # e.g. a draft vocabulary or token input that drafter.json does not set: it would be dropped silently
+        raise SpecformerError(f"{path}: params.safetensors holds parameters its drafter.json settings do not have: "
+                              f"{', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}")
     params = {}
-    for name, spec in _expected_params(target.cfg, cfg).items():
+    for name, spec in expected.items():
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
