@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from specformer_jax.cli import main
@@ -38,6 +40,11 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     two = json.loads(capsys.readouterr().out)
     assert two["num_slots"] == 2 and two["accuracy_per_slot"] == report["accuracy_per_slot"][:2]
     assert 1.0 <= two["decoding_accepted_length"] <= 3.0
+    # the trained drafter with a draft vocabulary of the 40 most frequent answer tokens: the same weights, lossless
+    small = tmp_path / "small"
+    assert main(["draft-vocab", "--model", model, "--drafter", str(out / "drafter"), "--data", str(data),
+                 "--size", "40", "--eval-data", str(data), "--out", str(small)]) == 0
+    _check_draft_vocab(model, data, out / "drafter", small)
     # a drafter for this target is rejected for another one
     err = main(["eval-drafter", "--model", str(tiny_checkpoints["qwen3"]), "--drafter", str(out / "drafter"),
                 "--data", str(data)])
@@ -56,6 +63,9 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
                                          "--data", str(data), "--draft-len", "4"])
     assert "drop --draft-len" in error(["eval-drafter", "--model", model, "--drafter", str(out / "drafter"),
                                         "--data", str(data), "--draft-len", "2", "--save"])
+    dv = ["draft-vocab", "--model", model, "--drafter", str(out / "drafter"), "--data", str(data)]
+    assert "already holds a drafter" in error([*dv, "--size", "40", "--out", str(small)])
+    assert "must be smaller than the target's vocabulary" in error([*dv, "--size", "128", "--out", str(tmp_path / "x")])
     train = argv[:-2]  # the same run without its SwiGLU width
     assert "num_slots=3 (now 2)" in error([*train, "--set", "intermediate_size=48", "--set", "num_slots=2", "--resume"])
     other = tmp_path / "other-vocab"
@@ -80,3 +90,26 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     # resuming with another model of the same shapes works, with a warning (a moved checkpoint is legitimate)
     assert main([*argv, "--set", f"model={tiny_checkpoints['qwen2']}", "--resume"]) == 0
     assert "was trained on model" in capsys.readouterr().err
+
+
+def _check_draft_vocab(model: str, data: Path, full: Path, small: Path) -> None:
+    """`small` is `full` with the 40 most frequent answer tokens of `data` (ties: the lower id) as its draft
+    vocabulary, the same weights, and decodes the target's greedy tokens."""
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.api import generate
+    from specformer_jax.modeling.drafter import DRAFT_VOCAB
+    from specformer_jax.training.dataset import read_distilled
+
+    records = read_distilled(data)
+    counts = collections.Counter(t for r in records for t in r["input_ids"][r["prompt_len"]:])
+    want = sorted(sorted(counts, key=lambda t: (-counts[t], t))[:40])
+    target = load_target(model)
+    a, b = load_drafter(full, target), load_drafter(small, target)
+    assert b.cfg.draft_vocab_size == 40 and b.params[DRAFT_VOCAB].tolist() == want
+    assert jax.tree.all(jax.tree.map(np.array_equal, a.params, {k: v for k, v in b.params.items() if k != DRAFT_VOCAB}))
+    meta = json.loads((small / "drafter.json").read_text())["draft_vocab"]
+    assert meta["coverage_train"] == meta["coverage_eval"] == round(sum(counts[t] for t in want) / counts.total(), 4)
+    prompts = [r["input_ids"][:r["prompt_len"]] for r in records[:4]]
+    assert (generate(target, prompts, max_new_tokens=12, drafter=b, draft_len=3).token_ids
+            == generate(target, prompts, max_new_tokens=12).token_ids)

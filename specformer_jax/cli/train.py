@@ -41,6 +41,21 @@ def add_parsers(sub) -> None:
                    help="also store the result in the drafter's drafter.json (what --draft-len auto reads)")
     p.set_defaults(func=run_eval_drafter)
 
+    p = sub.add_parser("draft-vocab", help="give a trained drafter a reduced draft vocabulary",
+                       description="Copy a trained drafter with a draft vocabulary: the --size most frequent answer "
+                       "tokens of --data. Its weights are unchanged (the head is the target's, cut to those rows), "
+                       "so it drafts as before wherever its choice lies in the vocabulary, at a fraction of the "
+                       "head's cost; output stays lossless.")
+    a.add_model(p)
+    p.add_argument("--drafter", required=True, help="a drafter directory, or 'default' (the shipped drafter)")
+    p.add_argument("--data", required=True, help="distilled training data whose answers choose the vocabulary "
+                   "(comma-separated directories, as `train`'s data)")
+    p.add_argument("--size", type=a.kind(POSITIVE_INT), required=True, metavar="V'",
+                   help="tokens in the draft vocabulary, e.g. 8192")
+    p.add_argument("--eval-data", type=Path, help="distilled data to report the vocabulary's coverage on")
+    p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
+    p.set_defaults(func=run_draft_vocab)
+
 
 def run_train(args) -> int:
     from specformer_jax.distributed import initialize_distributed
@@ -76,4 +91,36 @@ def run_eval_drafter(args) -> int:
         print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)
     json.dump(result, sys.stdout, indent=1)
     print()
+    return 0
+
+
+def run_draft_vocab(args) -> int:
+    import dataclasses
+
+    from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.modeling.drafter import DRAFT_VOCAB, split_draft_vocab
+    from specformer_jax.training.dataset import check_vocabulary, data_dirs, load_records
+    from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
+
+    if (args.out / "drafter.json").exists():
+        raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
+    target = load_target(args.model)
+    drafter = load_drafter(args.drafter, target)
+    size = target.cfg.vocab_size
+    check_vocabulary(data_dirs(args.data) + ([args.eval_data] if args.eval_data else []), size)
+    counts = answer_token_counts(load_records(args.data), size)
+    vocab = draft_vocabulary(counts, args.size)
+    eval_counts = None if args.eval_data is None else answer_token_counts(
+        load_records(str(args.eval_data), "eval_data", for_training=False), size)
+    meta = vocab_meta(counts, vocab, eval_counts) | {"data": args.data, "made_from": str(args.drafter)}
+    kept = {k: v for k, v in drafter.meta.items() if k not in ("drafter", "target", "eval", "draft_vocab")}
+    save_drafter(args.out, dataclasses.replace(drafter.cfg, draft_vocab_size=args.size),
+                 {**split_draft_vocab(drafter.params)[0], DRAFT_VOCAB: vocab}, target.cfg,
+                 meta=kept | {"draft_vocab": meta})
+    cover = f"{meta['coverage_train']:.1%} of --data's answer tokens" + (
+        f", {meta['coverage_eval']:.1%} of --eval-data's" if eval_counts is not None else "")
+    print(f"specformer: {args.out}: the drafter with a draft vocabulary of {args.size} tokens covering {cover}; "
+          "its acceptance changed, so measure it again (eval-drafter --save, what --draft-len auto reads)",
+          file=sys.stderr)
     return 0

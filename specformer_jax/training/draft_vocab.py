@@ -36,3 +36,10 @@ def coverage(counts: np.ndarray, vocab: np.ndarray) -> float:
     are none)."""
     total = counts.sum()
     return float(counts[np.asarray(vocab)].sum() / total) if total else 0.0
+
+
+def vocab_meta(counts: np.ndarray, vocab: np.ndarray, eval_counts: np.ndarray | None = None) -> dict:
+    """What drafter.json records of a draft vocabulary: its size and the share of the training answers' tokens (and
+    of the evaluation answers', or None) it covers."""
+    return {"size": int(vocab.size), "coverage_train": round(coverage(counts, vocab), 4),
+            "coverage_eval": None if eval_counts is None else round(coverage(eval_counts, vocab), 4)}

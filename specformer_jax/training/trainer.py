@@ -46,7 +46,7 @@ from specformer_jax.training.dataset import (
     load_records,
     split,
 )
-from specformer_jax.training.draft_vocab import answer_token_counts, coverage, draft_vocabulary
+from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
@@ -293,8 +293,7 @@ def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs,
     if resume:
         _check_same_vocab(Path(cfg.out).absolute() / VOCAB_FILE, vocab)
     eval_counts = answer_token_counts(eval_recs, target.cfg.vocab_size) if eval_recs else None
-    meta = {"size": int(vocab.size), "coverage_train": round(coverage(counts, vocab), 4),
-            "coverage_eval": round(coverage(eval_counts, vocab), 4) if eval_recs else None}
+    meta = vocab_meta(counts, vocab, eval_counts)
     if jax.process_index() == 0:
         print(f"specformer: draft vocabulary of {vocab.size} tokens covers {meta['coverage_train']:.1%} of the "
               "training answer tokens" + (f", {meta['coverage_eval']:.1%} of the evaluation ones" if eval_recs

@@ -1,0 +1,94 @@
+"""Decoding speed with different drafters side by side in one run: plain decoding and speculative decoding with each
+drafter at each draft length, on the same prompts, for each batch size.
+
+    .venv/bin/python benchmarks/drafter_decode.py --drafters default,runs/v4-dv8192 --out benchmarks/results/x.json
+
+`specformer bench` compares one drafter with plain decoding; comparing two drafters across two such runs mixes in
+the machine's drift between them. Here every side runs once untimed (compiling every shape), then `--repeats`
+times in alternating order (AB.. then ..BA), and each ratio is the median over repeats of the two sides' tokens/s
+taken back to back. Greedy, so every speculative side must give the plain tokens: the script checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from specformer_jax.checkpoints.drafter_io import load_drafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.encode import read_prompts_file
+
+PROMPTS = Path(__file__).resolve().parents[1] / "specformer_jax" / "assets" / "eval-prompts.jsonl"
+
+
+def sides(drafters: dict, draft_lens: list[int]) -> dict:
+    """name -> generate options: "plain", then "DRAFTER@k" for each drafter and draft length."""
+    out = {"plain": {}}
+    for k in draft_lens:
+        out |= {f"{name}@{k}": {"drafter": d, "draft_len": k} for name, d in drafters.items()}
+    return out
+
+
+def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: int) -> dict:
+    """Every side's median tokens/s and accepted length at one batch size, and its speedup over plain decoding."""
+    run = lambda kw: generate(model, prompts, batch_size=batch, max_new_tokens=max_new, **kw)
+    plain_ids = run(options["plain"]).token_ids  # also compiles plain decoding
+    for name, kw in options.items():
+        if name != "plain" and run(kw).token_ids != plain_ids:
+            raise SystemExit(f"{name} at batch {batch}: speculative tokens differ from plain decoding")
+    runs = {name: [] for name in options}
+    for i in range(repeats):
+        for name in (list(options) if i % 2 == 0 else list(options)[::-1]):
+            runs[name].append(run(options[name]).stats)
+    tps = lambda name: [s["tokens_per_second"] for s in runs[name]]
+    row = {"batch_size": batch, "num_prompts": len(prompts)}
+    for name in options:
+        row[name] = {"tokens_per_second": statistics.median(tps(name)), "tokens_per_second_runs": tps(name),
+                     "mean_accepted_length": runs[name][-1].get("mean_accepted_length", 1.0)}
+        row[name]["speedup"] = statistics.median(b / a for a, b in zip(tps("plain"), tps(name)))
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--drafters", required=True, help="comma-separated drafter directories ('default': the shipped)")
+    ap.add_argument("--draft-lens", default="1,4")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--prompts", default=str(PROMPTS), help="JSONL prompts (default: the benchmark prompts)")
+    ap.add_argument("--num-prompts", default="4,16", help="prompts used at each batch size (the first N)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    model = load_target(args.model)
+    drafters = {name: load_drafter(name, model) for name in args.drafters.split(",")}
+    options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
+    prompts = read_prompts_file(Path(args.prompts))
+    rows = []
+    for batch, n in zip(map(int, args.batch_sizes.split(",")), map(int, args.num_prompts.split(","))):
+        rows.append(batch_row(model, prompts[:n], batch, args.max_new_tokens, options, args.repeats))
+        print(json.dumps({k: (v["speedup"] if isinstance(v, dict) else v) for k, v in rows[-1].items()}),
+              file=sys.stderr)
+    dev = jax.devices()[0]
+    result = {"command": " ".join(sys.argv), "device": dev.device_kind, "platform": dev.platform,
+              "cpu_count": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
+              "numpy": np.__version__, "model": model.source, "dtype": model.cfg.dtype,
+              "drafters": {name: {"sha256": d.sha256, "draft_vocab": d.meta.get("draft_vocab")}
+                           for name, d in drafters.items()},
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "rows": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
