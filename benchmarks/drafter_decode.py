@@ -6,7 +6,8 @@ drafter at each draft length, on the same prompts, for each batch size.
 `specformer bench` compares one drafter with plain decoding; comparing two drafters across two such runs mixes in
 the machine's drift between them. Here every side runs once untimed (compiling every shape), then `--repeats`
 times in alternating order (AB.. then ..BA), and each ratio is the median over repeats of the two sides' tokens/s
-taken back to back. Greedy, so every speculative side must give the plain tokens: the script checks it.
+taken back to back (speedup: over plain decoding; vs_first_drafter: over the first drafter at the same k). Greedy,
+so every speculative side must give the plain tokens: the script checks it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: 
         row[name] = {"tokens_per_second": statistics.median(tps(name)), "tokens_per_second_runs": tps(name),
                      "mean_accepted_length": runs[name][-1].get("mean_accepted_length", 1.0)}
         row[name]["speedup"] = statistics.median(b / a for a, b in zip(tps("plain"), tps(name)))
+    for name in list(options)[1:]:  # each drafter against the first one at the same k, paired by repeat
+        first = next(n for n in options if n.endswith(name[name.rfind("@"):]))
+        row[name]["vs_first_drafter"] = statistics.median(b / a for a, b in zip(tps(first), tps(name)))
     return row
 
 
@@ -71,11 +75,17 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = load_target(args.model)
-    drafters = {name: load_drafter(name, model) for name in args.drafters.split(",")}
+    names = args.drafters.split(",")
+    if len(set(names)) != len(names):
+        raise SystemExit("--drafters: each drafter once")
+    drafters = {name: load_drafter(name, model) for name in names}
     options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
     prompts = read_prompts_file(Path(args.prompts))
     rows = []
-    for batch, n in zip(map(int, args.batch_sizes.split(",")), map(int, args.num_prompts.split(","))):
+    batches, counts = args.batch_sizes.split(","), args.num_prompts.split(",")
+    if len(batches) != len(counts):
+        raise SystemExit("--num-prompts: one count per batch size")
+    for batch, n in zip(map(int, batches), map(int, counts)):
         rows.append(batch_row(model, prompts[:n], batch, args.max_new_tokens, options, args.repeats))
         print(json.dumps({k: (v["speedup"] if isinstance(v, dict) else v) for k, v in rows[-1].items()}),
               file=sys.stderr)

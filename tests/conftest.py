@@ -15,7 +15,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="specformer-tests-xla-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 # Every program goes into it, not only those that took a second to compile (JAX's default): the tests compile many
-# small programs of the same shapes again and again, and loading them back cuts the suite's time by about a fifth.
+# small programs of the same shapes again and again (test_set_acceptance.py with test_engine.py: 131 s -> 101 s).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest

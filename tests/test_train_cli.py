@@ -66,6 +66,8 @@ def test_distill_train_eval_through_the_cli(tiny_checkpoints, tmp_path, capsys):
     dv = ["draft-vocab", "--model", model, "--drafter", str(out / "drafter"), "--data", str(data)]
     assert "already holds a drafter" in error([*dv, "--size", "40", "--out", str(small)])
     assert "must be smaller than the target's vocabulary" in error([*dv, "--size", "128", "--out", str(tmp_path / "x")])
+    assert "no trained weights" in error([*dv[:-4], "--drafter", "random", "--data", str(data), "--size", "40",
+                                          "--out", str(tmp_path / "x")])
     train = argv[:-2]  # the same run without its SwiGLU width
     assert "num_slots=3 (now 2)" in error([*train, "--set", "intermediate_size=48", "--set", "num_slots=2", "--resume"])
     other = tmp_path / "other-vocab"
@@ -99,17 +101,22 @@ def _check_draft_vocab(model: str, data: Path, full: Path, small: Path) -> None:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.decoding.api import generate
     from specformer_jax.modeling.drafter import DRAFT_VOCAB
-    from specformer_jax.training.dataset import read_distilled
+    from specformer_jax.training.dataset import read_distilled, split
 
     records = read_distilled(data)
-    counts = collections.Counter(t for r in records for t in r["input_ids"][r["prompt_len"]:])
+    fraction = json.loads((full / "drafter.json").read_text())["train_config"]["eval_fraction"]
+    kept = split(records, fraction)[0]  # the records its training used; the held-out ones choose nothing
+    assert 0 < len(kept) < len(records)
+    counts = collections.Counter(t for r in kept for t in r["input_ids"][r["prompt_len"]:])
     want = sorted(sorted(counts, key=lambda t: (-counts[t], t))[:40])
     target = load_target(model)
     a, b = load_drafter(full, target), load_drafter(small, target)
     assert b.cfg.draft_vocab_size == 40 and b.params[DRAFT_VOCAB].tolist() == want
     assert jax.tree.all(jax.tree.map(np.array_equal, a.params, {k: v for k, v in b.params.items() if k != DRAFT_VOCAB}))
     meta = json.loads((small / "drafter.json").read_text())["draft_vocab"]
-    assert meta["coverage_train"] == meta["coverage_eval"] == round(sum(counts[t] for t in want) / counts.total(), 4)
+    assert meta["coverage_train"] == round(sum(counts[t] for t in want) / counts.total(), 4)
+    every = collections.Counter(t for r in records for t in r["input_ids"][r["prompt_len"]:])
+    assert meta["coverage_eval"] == round(sum(every[t] for t in want) / every.total(), 4)
     prompts = [r["input_ids"][:r["prompt_len"]] for r in records[:4]]
     assert (generate(target, prompts, max_new_tokens=12, drafter=b, draft_len=3).token_ids
             == generate(target, prompts, max_new_tokens=12).token_ids)

@@ -1,4 +1,5 @@
-"""`specformer train` and `specformer eval-drafter`: train a drafter on distilled data, and measure one."""
+"""`specformer train`, `specformer eval-drafter` and `specformer draft-vocab`: train a drafter on distilled data,
+measure one, and give a trained one a draft vocabulary."""
 
 from __future__ import annotations
 
@@ -45,14 +46,15 @@ def add_parsers(sub) -> None:
                        description="Copy a trained drafter with a draft vocabulary: the --size most frequent answer "
                        "tokens of --data. Its weights are unchanged (the head is the target's, cut to those rows), "
                        "so it drafts as before wherever its choice lies in the vocabulary, at a fraction of the "
-                       "head's cost; output stays lossless.")
+                       "head's cost; output stays lossless. The weights are written in bfloat16, as `train` "
+                       "writes them.")
     a.add_model(p)
     p.add_argument("--drafter", required=True, help="a drafter directory, or 'default' (the shipped drafter)")
     p.add_argument("--data", required=True, help="distilled training data whose answers choose the vocabulary "
                    "(comma-separated directories, as `train`'s data)")
     p.add_argument("--size", type=a.kind(POSITIVE_INT), required=True, metavar="V'",
                    help="tokens in the draft vocabulary, e.g. 8192")
-    p.add_argument("--eval-data", type=Path, help="distilled data to report the vocabulary's coverage on")
+    p.add_argument("--eval-data", help="distilled data to report the vocabulary's coverage on (dir1,dir2)")
     p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
     p.set_defaults(func=run_draft_vocab)
 
@@ -95,32 +97,57 @@ def run_eval_drafter(args) -> int:
 
 
 def run_draft_vocab(args) -> int:
-    import dataclasses
-
-    from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+    from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.modeling.drafter import DRAFT_VOCAB, split_draft_vocab
-    from specformer_jax.training.dataset import check_vocabulary, data_dirs, load_records
-    from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
+    from specformer_jax.training.dataset import check_vocabulary, data_dirs
 
     if (args.out / "drafter.json").exists():
         raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
+    if args.drafter == "random":
+        raise SpecformerError("--drafter random has no trained weights to keep: give a trained drafter")
+    dirs = data_dirs(args.data) + data_dirs(args.eval_data)
+    if not data_dirs(args.data):
+        raise SpecformerError("--data: give a directory written by `specformer distill` (several: dir1,dir2)")
     target = load_target(args.model)
+    if args.size >= target.cfg.vocab_size:
+        raise SpecformerError(f"--size {args.size} must be smaller than the target's vocabulary "
+                              f"({target.cfg.vocab_size} tokens)")
+    check_vocabulary(dirs, target.cfg.vocab_size)
     drafter = load_drafter(args.drafter, target)
-    size = target.cfg.vocab_size
-    check_vocabulary(data_dirs(args.data) + ([args.eval_data] if args.eval_data else []), size)
-    counts = answer_token_counts(load_records(args.data), size)
-    vocab = draft_vocabulary(counts, args.size)
-    eval_counts = None if args.eval_data is None else answer_token_counts(
-        load_records(str(args.eval_data), "eval_data", for_training=False), size)
-    meta = vocab_meta(counts, vocab, eval_counts) | {"data": args.data, "made_from": str(args.drafter)}
-    kept = {k: v for k, v in drafter.meta.items() if k not in ("drafter", "target", "eval", "draft_vocab")}
-    save_drafter(args.out, dataclasses.replace(drafter.cfg, draft_vocab_size=args.size),
-                 {**split_draft_vocab(drafter.params)[0], DRAFT_VOCAB: vocab}, target.cfg,
-                 meta=kept | {"draft_vocab": meta})
+    meta = _write_draft_vocab(args, target, drafter)
     cover = f"{meta['coverage_train']:.1%} of --data's answer tokens" + (
-        f", {meta['coverage_eval']:.1%} of --eval-data's" if eval_counts is not None else "")
+        f", {meta['coverage_eval']:.1%} of --eval-data's" if meta["coverage_eval"] is not None else "")
     print(f"specformer: {args.out}: the drafter with a draft vocabulary of {args.size} tokens covering {cover}; "
           "its acceptance changed, so measure it again (eval-drafter --save, what --draft-len auto reads)",
           file=sys.stderr)
     return 0
+
+
+def _write_draft_vocab(args, target, drafter) -> dict:
+    """Write the drafter copy with the vocabulary of --data's answers (the records its own training would use: the
+    held-out split of the drafter's eval_fraction left out); returns drafter.json's "draft_vocab"."""
+    import dataclasses
+
+    from specformer_jax.checkpoints.drafter_io import save_drafter
+    from specformer_jax.modeling.drafter import DRAFT_VOCAB, split_draft_vocab
+    from specformer_jax.training.dataset import check_token_ids, load_records, split
+    from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
+
+    size = target.cfg.vocab_size
+    records = load_records(args.data, "--data")
+    fraction = (drafter.meta.get("train_config") or {}).get("eval_fraction")
+    records = split(records, fraction)[0] if fraction else records
+    evals = load_records(args.eval_data, "--eval-data", for_training=False) if args.eval_data else []
+    for recs, where in ((records, "--data"), (evals, "--eval-data")):
+        check_token_ids(recs, size, where)
+    counts = answer_token_counts(records, size)
+    if not counts.sum():
+        raise SpecformerError("--data holds no answer tokens to choose a draft vocabulary from")
+    vocab = draft_vocabulary(counts, args.size)
+    meta = vocab_meta(counts, vocab, answer_token_counts(evals, size) if evals else None) | {
+        "data": args.data, "made_from": str(args.drafter), "made_from_sha256": drafter.sha256}
+    kept = {k: v for k, v in drafter.meta.items() if k not in ("drafter", "target", "eval", "draft_vocab")}
+    save_drafter(args.out, dataclasses.replace(drafter.cfg, draft_vocab_size=args.size),
+                 {**split_draft_vocab(drafter.params)[0], DRAFT_VOCAB: vocab}, target.cfg,
+                 meta=kept | {"draft_vocab": meta})
+    return meta

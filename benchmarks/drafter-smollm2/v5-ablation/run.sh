@@ -55,4 +55,7 @@ for arm in $arms; do
       --seq-len "$eval_seq_len" --batch-size 16 --draft-len "$k" > "$run/eval_k$k.json"
   done
 done
-"$py" "$here/table.py" "$out" --arms $arms --out "$here"
+# the table holds every finished arm under $out, not only this run's (one arm a command adds to it)
+finished=(); for arm in v4 next_token context_token draft_vocab k8; do
+  [[ -f "$out/$arm/drafter/drafter.json" ]] && finished+=("$arm"); done
+"$py" "$here/table.py" "$out" --arms "${finished[@]}" --out "$here"
