@@ -242,7 +242,7 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
 
 
 def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, tmp_path):
-    from specformer_jax.modeling.drafter import init_drafter
+    from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter
 
     target = load_target(tiny_checkpoints["llama3"])
     params = init_drafter(target.cfg, DrafterConfig(num_slots=3), jax.random.key(7))
@@ -264,6 +264,18 @@ def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, 
     save_drafter(tmp_path / "n", DrafterConfig(num_slots=3, next_token_input=True), grown, target.cfg, dtype="float32")
     with pytest.raises(SpecformerError, match="drafter settings"):  # but not drop it
         trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "n")), target)
+    # and context_token_input: the fuse reads the token's embedding through new rows, zero, so the states are v4's
+    both = DrafterConfig(num_slots=3, next_token_input=True, context_token_input=True)
+    grown = trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"),
+                                          next_token_input=True, context_token_input=True), target)
+    assert set(grown) - set(params) == {"next_norm", "next_proj", "context_next_norm"}
+    hidden = {i: jax.random.normal(jax.random.key(i), (2, 5, target.cfg.hidden_size))
+              for i in both.resolved_hooks(target.cfg)}
+    nxt = jax.random.normal(jax.random.key(9), (2, 5, target.cfg.hidden_size))
+    apply = lambda cfg, p, **kw: Drafter(target.cfg, cfg).apply({"params": p}, hidden,
+                                                               drafter_cache(target.cfg, 2, 5), **kw)[0]
+    np.testing.assert_allclose(apply(both, grown, next_embed=nxt), apply(DrafterConfig(num_slots=3), params),
+                               atol=1e-5)
 
 
 def test_several_data_directories_are_read_in_order(tiny_checkpoints, tmp_path):

@@ -150,22 +150,31 @@ def _check_resumable(out: Path, cfg: TrainConfig) -> None:
               file=sys.stderr)
 
 
+TOKEN_INPUTS = ("next_token_input", "context_token_input")
+
+
 def initial_params(cfg: TrainConfig, target: LoadedTarget):
     """Random drafter parameters, or those of the drafter directory `init_from`. Its settings must be the run's, except
-    that a run may add next_token_input to a drafter without it: the new input starts at zero, so the run continues
-    exactly where that drafter stands."""
+    that a run may add token inputs (next_token_input, context_token_input) to a drafter without them: each new
+    input starts at zero, so the run continues exactly where that drafter stands."""
     fresh = lambda: init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
     if cfg.init_from is None:
         return fresh()
     start = load_drafter(cfg.init_from, target)
     weights = split_draft_vocab(start.params)[0]  # the run makes its own draft vocabulary from its data
     same = dataclasses.replace(start.cfg, draft_vocab_size=cfg.draft_vocab_size)  # the weights do not depend on it
-    if same == cfg.drafter():
+    added = {name: False for name in TOKEN_INPUTS if getattr(cfg, name) and not getattr(start.cfg, name)}
+    if same != dataclasses.replace(cfg.drafter(), **added):
+        raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
+                              f"{cfg.drafter()}")
+    if not added:
         return weights
-    if cfg.next_token_input and same == dataclasses.replace(cfg.drafter(), next_token_input=False):
-        return {**fresh(), **weights}
-    raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
-                          f"{cfg.drafter()}")
+    new = fresh()
+    grown = {**new, **weights}
+    if "context_token_input" in added:  # the fuse reads the token's embedding last: zero rows for it
+        kernel = weights["fuse"]["kernel"]
+        grown["fuse"] = {"kernel": jnp.zeros_like(new["fuse"]["kernel"]).at[: kernel.shape[0]].set(kernel)}
+    return grown
 
 
 @dataclasses.dataclass
