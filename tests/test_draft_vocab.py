@@ -148,10 +148,10 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
         load_drafter(tmp_path / "none", target)
     with pytest.raises(SpecformerError, match="must hold 32 token ids"):
         check_drafter_fits(LoadedDrafter(drafter.cfg, weights, {}), target.cfg)
-    with pytest.raises(SpecformerError, match="sets no draft_vocab_size"):
+    with pytest.raises(SpecformerError, match="this drafter holds parameters its drafter settings do not have"):
         check_drafter_fits(LoadedDrafter(DrafterConfig(num_slots=2), drafter.params, {}), target.cfg)
     save_drafter(tmp_path / "stray", DrafterConfig(num_slots=2), drafter.params, target.cfg)  # config without it
-    with pytest.raises(SpecformerError, match="holds parameters its drafter.json settings do not have: draft_vocab"):
+    with pytest.raises(SpecformerError, match="safetensors holds parameters its drafter settings do not have: draft_v"):
         load_drafter(tmp_path / "stray", target)
 
 

@@ -98,10 +98,18 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
         if name not in have or tuple(have[name].shape) != tuple(spec.shape):
             raise SpecformerError(f"this drafter does not fit the model: parameter {name} is missing or has the "
                                   "wrong shape (a drafter for another target?)")
+    _refuse_stray(set(have), drafter.cfg, target, "this drafter")
     if drafter.cfg.draft_vocab_size is not None:
         _checked_vocab(have.get(DRAFT_VOCAB), drafter.cfg, target, "this drafter")
-    elif DRAFT_VOCAB in have:
-        raise SpecformerError(f"this drafter holds a {DRAFT_VOCAB} parameter but its config sets no draft_vocab_size")
+
+
+def _refuse_stray(names: set[str], cfg: DrafterConfig, target: TargetConfig, where: str) -> None:
+    """Refuse parameters that `cfg` does not describe (e.g. a draft vocabulary or token input that the config lacks:
+    decoding would drop them silently and run another drafter)."""
+    stray = sorted(names - set(_expected_params(target, cfg)) - ({DRAFT_VOCAB} if cfg.draft_vocab_size else set()))
+    if stray:
+        raise SpecformerError(f"{where} holds parameters its drafter settings do not have: "
+                              f"{', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}")
 
 
 def _checked_vocab(ids, cfg: DrafterConfig, target: TargetConfig, where: str) -> np.ndarray:
@@ -150,13 +158,9 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     tensors = read_safetensors(path / "params.safetensors") if (path / "params.safetensors").is_file() else None
     if tensors is None:
         raise SpecformerError(f"{path} has no params.safetensors")
-    expected = _expected_params(target.cfg, cfg)
-    stray = sorted(set(tensors) - set(expected) - ({DRAFT_VOCAB} if cfg.draft_vocab_size is not None else set()))
-    if stray:  # e.g. a draft vocabulary or token input that drafter.json does not set: it would be dropped silently
-        raise SpecformerError(f"{path}: params.safetensors holds parameters its drafter.json settings do not have: "
-                              f"{', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}")
+    _refuse_stray(set(tensors), cfg, target.cfg, f"{path}: params.safetensors")
     params = {}
-    for name, spec in expected.items():
+    for name, spec in _expected_params(target.cfg, cfg).items():
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)
