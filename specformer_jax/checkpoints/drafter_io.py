@@ -94,19 +94,20 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
     if diff:
         raise SpecformerError(f"this drafter was made for a different target ({diff})")
     have = traverse_util.flatten_dict(drafter.params, sep="/")
-    for name, spec in _expected_params(target, drafter.cfg).items():
+    expected = _expected_params(target, drafter.cfg)
+    for name, spec in expected.items():
         if name not in have or tuple(have[name].shape) != tuple(spec.shape):
             raise SpecformerError(f"this drafter does not fit the model: parameter {name} is missing or has the "
                                   "wrong shape (a drafter for another target?)")
-    _refuse_stray(set(have), drafter.cfg, target, "this drafter")
+    _refuse_stray(set(have), expected, drafter.cfg, "this drafter")
     if drafter.cfg.draft_vocab_size is not None:
         _checked_vocab(have.get(DRAFT_VOCAB), drafter.cfg, target, "this drafter")
 
 
-def _refuse_stray(names: set[str], cfg: DrafterConfig, target: TargetConfig, where: str) -> None:
-    """Refuse parameters that `cfg` does not describe (e.g. a draft vocabulary or token input that the config lacks:
-    decoding would drop them silently and run another drafter)."""
-    stray = sorted(names - set(_expected_params(target, cfg)) - ({DRAFT_VOCAB} if cfg.draft_vocab_size else set()))
+def _refuse_stray(names: set[str], expected: dict, cfg: DrafterConfig, where: str) -> None:
+    """Refuse parameters that `cfg` does not describe (expected: its _expected_params; e.g. a draft vocabulary or
+    token input that the config lacks: decoding would drop them silently and run another drafter)."""
+    stray = sorted(names - set(expected) - ({DRAFT_VOCAB} if cfg.draft_vocab_size else set()))
     if stray:
         raise SpecformerError(f"{where} holds parameters its drafter settings do not have: "
                               f"{', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}")
@@ -158,9 +159,10 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
     tensors = read_safetensors(path / "params.safetensors") if (path / "params.safetensors").is_file() else None
     if tensors is None:
         raise SpecformerError(f"{path} has no params.safetensors")
-    _refuse_stray(set(tensors), cfg, target.cfg, f"{path}: params.safetensors")
+    expected = _expected_params(target.cfg, cfg)
+    _refuse_stray(set(tensors), expected, cfg, f"{path}: params.safetensors")
     params = {}
-    for name, spec in _expected_params(target.cfg, cfg).items():
+    for name, spec in expected.items():
         if name not in tensors or tensors[name].shape != spec.shape:
             raise SpecformerError(f"{path}: parameter {name} is missing or has the wrong shape")
         params[name] = jnp.asarray(np.asarray(tensors[name], np.float32), spec.dtype)

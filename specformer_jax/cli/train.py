@@ -105,14 +105,14 @@ def run_draft_vocab(args) -> int:
         raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
     if args.drafter == "random":
         raise SpecformerError("--drafter random has no trained weights to keep: give a trained drafter")
-    dirs = data_dirs(args.data) + data_dirs(args.eval_data)
-    if not data_dirs(args.data):
+    data = data_dirs(args.data)
+    if not data:
         raise SpecformerError("--data: give a directory written by `specformer distill` (several: dir1,dir2)")
     target = load_target(args.model)
     if args.size >= target.cfg.vocab_size:
         raise SpecformerError(f"--size {args.size} must be smaller than the target's vocabulary "
                               f"({target.cfg.vocab_size} tokens)")
-    check_vocabulary(dirs, target.cfg.vocab_size)
+    check_vocabulary(data + data_dirs(args.eval_data), target.cfg.vocab_size)
     drafter = load_drafter(args.drafter, target)
     meta = _write_draft_vocab(args, target, drafter)
     cover = f"{meta['coverage_train']:.1%} of --data's answer tokens" + (
