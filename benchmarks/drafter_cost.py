@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/drafter_cost.py --out benchmarks/results/drafter_cost_cpu.json
 
 Weights are random (cost does not depend on them); a draft vocabulary's ids are the V' lowest ids (cost does not
-depend on which). "draft" times the draft function alone (the drafter's context layer over one round's k + 1
-tokens, its slots at one position, the head) as the engine calls it; with --rounds, "round" is the engine's round
-with k drafts (verify, acceptance, drafting, bookkeeping), from measure_costs. Ratios are against the first drafter.
+depend on which). "draft" times the draft source's draft alone (the drafter's context layer over one round's k + 1
+tokens, its slots at one position, the head, the choice of drafts) as the engine calls it; with --rounds, "round"
+is the engine's round with k drafts (verify, acceptance, drafting, bookkeeping), from measure_costs. Ratios are
+against the first drafter.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding.speculative import specformer_drafts
+from specformer_jax.decoding.draft_source import SpecformerDrafts
+from specformer_jax.decoding.plan import make_plan
+from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.timing import measure_costs
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, draft_head_params, drafter_cache, init_drafter
+from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.loaded import LoadedDrafter
 
 ARMS = {  # name -> DrafterConfig settings ("draft_vocab:N": a draft vocabulary of N tokens)
     "v4": {}, "next_token": {"next_token_input": True}, "context_token": {"context_token_input": True},
@@ -43,22 +46,21 @@ def drafter_for(model, arm: str) -> LoadedDrafter:
     cfg = DrafterConfig(**{"num_slots": 4, **settings})
     if (cfg.draft_vocab_size or 0) >= model.cfg.vocab_size:
         raise SystemExit(f"{arm}: a draft vocabulary must be smaller than the model's ({model.cfg.vocab_size})")
-    params = init_drafter(model.cfg, cfg, jax.random.key(0))
-    if cfg.draft_vocab_size:
-        params[DRAFT_VOCAB] = jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32)
-    return LoadedDrafter(cfg, params, {})
+    vocab = jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32) if cfg.draft_vocab_size else None
+    return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(0), vocab), {})
 
 
 def draft_seconds(model, drafter: LoadedDrafter, batch: int, k: int, context: int, repeats: int) -> float:
     """Median seconds of one call of the draft function on `batch` rows whose drafter cache holds `context`."""
     cfg, hooks = model.cfg, drafter.cfg.resolved_hooks(model.cfg)
-    draft = jax.jit(specformer_drafts(cfg, drafter.cfg, k))
-    head = jax.jit(lambda p, d: draft_head_params(cfg, p, d))(model.params, drafter.params)
+    plan = make_plan(model, k, SamplingConfig(), 1)
+    source = jax.jit(lambda s, p: s.bind(plan, p))(SpecformerDrafts(drafter.cfg, drafter.params), model.params)
+    draft = jax.jit(lambda s, *a: s.draft(plan, *a))
     hidden = {i: jax.random.normal(jax.random.key(i), (batch, k + 1, cfg.hidden_size), cfg.dtype) for i in hooks}
     empty = drafter_cache(cfg, batch, context + k + 1)
-    dcache = KVCache(empty.k, empty.v, jnp.full((batch,), context, jnp.int32))
-    args = (drafter.params, head, hidden, dcache, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, 1), jnp.int32),
-            jnp.ones((batch, k + 1), jnp.int32))
+    state = KVCache(empty.k, empty.v, jnp.full((batch,), context, jnp.int32))
+    args = (source, hidden, state, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, 1), jnp.int32),
+            jnp.ones((batch, k + 1), jnp.int32), jax.random.split(jax.random.key(0), batch))
     jax.block_until_ready(draft(*args))  # compile
     times = []
     for _ in range(repeats):

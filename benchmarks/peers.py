@@ -235,7 +235,7 @@ def f32_gguf(src: Path) -> Path:
     llama.cpp's layout), written once into specformer's cache directory: llama.cpp then runs on exactly our weights."""
     import gguf
 
-    from specformer_jax.checkpoints.default import cache_dir
+    from specformer_jax.files import cache_dir
 
     dest = cache_dir() / (src.name.removesuffix(".gguf") + ".F32.gguf")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -217,6 +217,9 @@ class DrafterConfig:
         for name in ("intermediate_size", "draft_vocab_size"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, POSITIVE_INT.check(name, getattr(self, name)))
+        for name in ("next_token_input", "context_token_input"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecformerError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def resolved_hooks(self, target: TargetConfig) -> tuple[int, ...]:
         L = target.num_layers

@@ -14,6 +14,17 @@ from pathlib import Path
 from specformer_jax.errors import SpecformerError
 
 
+def cache_dir() -> Path:
+    """Where the package keeps what it fetches and learns (the default model, tokenizers, decoding records, compiled
+    programs): SPECFORMER_CACHE, else XDG_CACHE_HOME/specformer_jax, else ~/.cache/specformer_jax."""
+    root = os.environ.get("SPECFORMER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specformer_jax"
+    )
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise SpecformerError(f"the cache directory {root} is a file: set SPECFORMER_CACHE to a directory")
+    return Path(root)
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w"):
     """A file object on a temporary file beside `path`, renamed over `path` when the block ends without error:

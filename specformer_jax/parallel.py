@@ -1,8 +1,9 @@
 """Device mesh, logical-axis rules and shardings for training and decoding.
 
 The mesh always has the axes ("data", "fsdp", "tensor") (size 1 when unused), all of type Auto (GSPMD propagation;
-JAX 0.10's make_mesh defaults to Explicit). Parameters are described by logical axes (embed, heads, kv_heads, mlp,
-vocab) derived from their names; `RULES` maps logical axes to mesh axes:
+JAX 0.10's make_mesh defaults to Explicit). Every weight declares its logical axes where it is declared
+(modeling/layers.py, `with_axes`: embed, heads, kv_heads, mlp, vocab, or None); `RULES` maps logical axes to mesh
+axes:
 
   batch -> (data, fsdp)   every batch-like dimension: sequences in training, rows in decoding, KV-cache rows
   embed -> fsdp           the model width of every weight matrix: FSDP shards parameters (and optimizer state)
@@ -35,20 +36,6 @@ RULES: Mapping[str, tuple[str, ...]] = {
     "mlp": ("tensor",),
     "vocab": ("tensor",),
 }
-
-# (module, parameter) -> logical axes of the trailing dimensions (stacked layers add leading unsharded dims).
-# The decoding layout's fused kernels (modeling/target.py) shard by KV head and by MLP unit like the separate ones.
-_PARAM_AXES = {
-    ("q", "kernel"): ("embed", "heads"), ("k", "kernel"): ("embed", "kv_heads"),
-    ("v", "kernel"): ("embed", "kv_heads"), ("o", "kernel"): ("heads", "embed"),
-    ("q", "bias"): ("heads",), ("k", "bias"): ("kv_heads",), ("v", "bias"): ("kv_heads",),
-    ("qkv", "kernel"): ("embed", "kv_heads", None, None), ("qkv", "bias"): ("kv_heads", None, None),
-    ("gate", "kernel"): ("embed", "mlp"), ("up", "kernel"): ("embed", "mlp"), ("down", "kernel"): ("mlp", "embed"),
-    ("gate_up", "kernel"): ("embed", None, "mlp"),
-    ("embed", "embedding"): ("vocab", "embed"), ("lm_head", "kernel"): ("embed", "vocab"),
-    ("fuse", "kernel"): (None, "embed"), ("expand", "kernel"): ("embed", None),
-}
-
 
 def parse_mesh(spec: str | None) -> dict[str, int]:
     """"data=2,fsdp=2,tensor=2" -> sizes; -1 (at most one axis) takes the remaining devices. Default: all data.
@@ -111,15 +98,10 @@ def _path_names(path) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
-def param_shardings(params, mesh: Mesh):
-    """NamedShardings for a target or drafter parameter tree (by parameter names; unknown ones replicated)."""
-
-    def one(path, leaf):
-        names = _path_names(path)
-        logical = _PARAM_AXES.get(names[-2:], ()) if len(names) >= 2 else ()
-        return NamedSharding(mesh, _spec(mesh, leaf.shape, logical) if logical else P())
-
-    return jax.tree_util.tree_map_with_path(one, params)
+def param_shardings(params, axes, mesh: Mesh):
+    """NamedShardings for a parameter tree from the logical axes its weights declare (`axes`: a tree like `params`
+    of PartitionSpecs of logical axis names, as modeling's target_axes and drafter_axes give)."""
+    return jax.tree.map(lambda x, logical: NamedSharding(mesh, _spec(mesh, x.shape, logical)), params, axes)
 
 
 def decode_state_shardings(state, mesh: Mesh):
@@ -135,25 +117,6 @@ def decode_state_shardings(state, mesh: Mesh):
         return NamedSharding(mesh, _spec(mesh, leaf.shape, logical))
 
     return jax.tree_util.tree_map_with_path(one, state)
-
-
-def like_params(tree, params, mesh: Mesh):
-    """Shardings for a tree that embeds copies of the parameter tree (an optimizer state): a leaf whose key path
-    ends with a parameter's path and has its shape gets that parameter's sharding; everything else is replicated."""
-    by_path = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        by_path[_path_names(path)] = leaf.shape
-    specs = {p: s.spec for p, s in zip(by_path, jax.tree.leaves(param_shardings(params, mesh)))}
-
-    def one(path, leaf):
-        names = _path_names(path)
-        for start in range(len(names)):
-            key = names[start:]
-            if key in specs and by_path[key] == getattr(leaf, "shape", None):
-                return NamedSharding(mesh, specs[key])
-        return NamedSharding(mesh, P())
-
-    return jax.tree_util.tree_map_with_path(one, tree)
 
 
 # Placing host data on a mesh that may span several processes. In a single process these are jax.device_put and

@@ -99,7 +99,8 @@ def test_token_id_outside_vocabulary(cli_error, tmp_path, tiny_checkpoints):
     assert "outside the vocabulary" in line
 
 
-@pytest.mark.parametrize("content", ['{"prompt": 3}\n', "not json\n", ""])
+@pytest.mark.parametrize("content", ['{"prompt": 3}\n', "not json\n", "",
+                                     '{"prompt": "hi", "input_ids": [1, 5]}\n'])  # both: one was dropped silently
 def test_bad_prompts_file(cli_error, tmp_path, content):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(content)
@@ -204,6 +205,9 @@ def tiny_model(tiny_checkpoints):
     ([[1, 5]], {"draft_len": 2}, "needs a drafter"),
     ([[1, 5]], {"drafter": "default"}, "drafter must be what load_drafter"),
     ([[1, 5]], {"mesh": "bogus"}, "mesh"),
+    ({"prompt": "Hi"}, {}, "wrap a single prompt"),  # decoded the key "prompt"
+    ({"Hi", "Bye"}, {}, "got a set: its order is arbitrary"),  # results came in arbitrary order
+    ([[1, 5]], {"chunk_rounds": 10**9}, r"chunk_rounds must be an integer in 1..max_new_tokens = 1..2"),  # never ended
 ])
 def test_generate_refuses_misused_arguments(tiny_model, prompts, kwargs, message):
     with pytest.raises(SpecformerError, match=message):
@@ -220,9 +224,9 @@ def test_generate_takes_id_arrays_and_a_mesh_spec(tiny_model):
 def test_a_drafter_for_another_target_is_refused_before_decoding(tiny_model, tiny_checkpoints):
     import jax
 
-    from specformer_jax.checkpoints.drafter_io import LoadedDrafter, target_fingerprint
     from specformer_jax.config import DrafterConfig
     from specformer_jax.modeling.drafter import init_drafter
+    from specformer_jax.modeling.loaded import LoadedDrafter, target_fingerprint
 
     other = load_target(tiny_checkpoints["qwen3"]).cfg  # head_dim 32 against 16
     params = init_drafter(other, DrafterConfig(num_slots=2), jax.random.key(0))
@@ -292,6 +296,50 @@ def test_models_and_drafters_that_are_not_paths(tiny_model):
         load_drafter(None, tiny_model)
 
 
+@pytest.mark.parametrize("model", ["default", None])
+def test_a_path_where_a_loaded_model_goes_is_one_line(model, tmp_path):
+    """Each raised a raw AttributeError: the functions take what load_target returns."""
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.decoding.api import generate_stream
+    from specformer_jax.training.distill import distill
+    from specformer_jax.training.evaluate import evaluate_drafter
+
+    expected = r"must be a loaded target \(what load_target\(path\) returns\), got"
+    for call in (lambda: generate(model, [[1, 5]]), lambda: generate_stream(model, [[1, 5]]),
+                 lambda: load_drafter("default", model), lambda: distill(model, [[1, 5]], tmp_path / "d"),
+                 lambda: evaluate_drafter(model, None, [{"input_ids": [1, 5]}])):
+        with pytest.raises(SpecformerError, match=expected):
+            call()
+
+
+def test_unknown_keywords_name_the_public_function(tiny_model):
+    from specformer_jax.decoding.api import generate_stream
+
+    with pytest.raises(TypeError, match=r"^generate\(\) got an unexpected keyword argument 'max_tokens'"):
+        generate(tiny_model, [[1, 5]], max_tokens=4)
+    with pytest.raises(TypeError, match=r"^generate_stream\(\) got an unexpected keyword argument 'max_tokens'"):
+        generate_stream(tiny_model, [[1, 5]], max_tokens=4)
+
+
+def test_more_builtin_prompts_than_the_lists_make_is_refused_before_any_work(cli_error, tmp_path):
+    """It generated prompts for ~460 s before saying so."""
+    from specformer_jax.training.prompts import builtin_capacity
+
+    line = cli_error(["distill", "--builtin-prompts", "100000000", "--out", str(tmp_path / "d")])
+    assert f"cannot make 100,000,000 distinct built-in prompts: the built-in lists make {builtin_capacity():,}" in line
+
+
+def test_a_list_option_that_repeats_a_value(cli_error, tmp_path):
+    line = cli_error(["bench", "--batch-sizes", "2,2", "--out", str(tmp_path / "r.json")])  # two rows for batch 2
+    assert "--batch-sizes lists 2 more than once" in line
+
+
+def test_chunk_rounds_past_the_budget_on_the_command_line(cli_error, tiny_checkpoints):
+    line = cli_error(["generate", "--model", str(tiny_checkpoints["llama3"]), "--prompt", "hi", "--no-chat",
+                      "--max-new-tokens", "4", "--chunk-rounds", "1000000000"])
+    assert "chunk_rounds must be an integer in 1..max_new_tokens = 1..4" in line
+
+
 def test_outputs_the_os_cannot_create_are_refused_before_the_model_loads(cli_error, tmp_path):
     """/proc takes no new files: probed by creating one, before the (here missing) model would load."""
     missing = str(tmp_path / "no-model")
@@ -329,7 +377,7 @@ def test_a_drafter_with_nan_weights_is_refused(tiny_model, tmp_path):
 
     cfg = DrafterConfig(num_slots=2)
     params = init_drafter(tiny_model.cfg, cfg, jax.random.key(0))
-    params["expand"]["bias"] = params["expand"]["bias"].at[7].set(np.nan)
+    params.weights["expand"]["bias"] = params.weights["expand"]["bias"].at[7].set(np.nan)
     save_drafter(tmp_path / "d", cfg, params, tiny_model.cfg, dtype="float32")
     with pytest.raises(SpecformerError, match=r"params.safetensors: tensor expand/bias holds NaN or infinite values"):
         load_drafter(tmp_path / "d", tiny_model)

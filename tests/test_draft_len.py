@@ -8,17 +8,19 @@ import json
 import jax
 import pytest
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter, record_eval, save_drafter
+from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding import cost_model as cm
 from specformer_jax.decoding import records as rec
 from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.chunk import run_chunk
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.loaded import LoadedDrafter
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
 
@@ -71,7 +73,7 @@ def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch,
                                                            rel=1e-3)
     assert len(json.loads((tmp_path / "records.json").read_text())["step_costs"]) == 1
     # a chunk for each of the k = 0..3 engines timed (timing.py), plus plain decoding above and the chosen k
-    assert runner.COMPILED.count("chunk") == 1 + 4 + (auto["draft_len"] > 0)
+    assert runner.COMPILED.count(run_chunk) == 1 + 4 + (auto["draft_len"] > 0)
 
     tuner = AutoDraftLen(records, measure=no_measuring)
     again = generate(model, PROMPTS, max_new_tokens=12, drafter=d, draft_len=tuner, progress=True, records=records)

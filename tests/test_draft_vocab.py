@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_speculative import GREEDY, KEYS, PROMPTS, ar, oracle_drafts
+from flax import struct
+from test_speculative import GREEDY, KEYS, PROMPTS, Oracle, ar
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits, load_drafter, save_drafter
+from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
@@ -20,7 +21,8 @@ from specformer_jax.decoding.sampling import SamplingConfig, process_logits
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.speculative import choose_drafts
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.loaded import LoadedDrafter, check_drafter_fits
 from specformer_jax.modeling.target import Target
 from specformer_jax.training.draft_vocab import answer_token_counts, coverage, draft_vocabulary
 from specformer_jax.training.loss import chunked_slot_ce, slot_targets
@@ -58,9 +60,24 @@ def model(tiny_checkpoints):
     return load_target(tiny_checkpoints["qwen2"])
 
 
+@struct.dataclass
+class VocabOracle(Oracle):
+    """The oracle's one-hot drafts as logits over a draft vocabulary, chosen as a drafter's are (`choose_drafts`
+    maps them to token ids); a token outside it drafts the vocabulary's last one."""
+
+    vocab: jax.Array | None = None  # int32[V']
+    index: jax.Array | None = None  # int32[V]: a token's logit in the draft vocabulary
+
+    def draft(self, plan, hidden, state, num_new, slots_at, next_tokens, keys):
+        best = jnp.argmax(self.logits(plan, state, slots_at, next_tokens), -1)
+        logits = jax.nn.one_hot(self.index[best], self.vocab.size) * 30.0
+        drafts, q = choose_drafts(logits, keys, plan.sampling, self.vocab, plan.cfg.vocab_size)
+        return drafts, q, state.replace(lengths=state.lengths + num_new)
+
+
 def test_perfect_drafts_over_a_draft_vocabulary_are_accepted_when_inside_it(model):
-    """Oracle drafts scored over the draft vocabulary: the engine maps them to token ids, so every AR token inside
-    it is accepted and those outside cannot be drafted; the output is the AR output either way."""
+    """Oracle drafts scored over the draft vocabulary and mapped to token ids, so every AR token inside it is
+    accepted and those outside cannot be drafted; the output is the AR output either way."""
     ref = ar(model, PROMPTS)
     answer = [t for r in ref for t in r[1:]]
     common = np.unique(answer)[: len(np.unique(answer)) * 2 // 3]  # most answer tokens, not all
@@ -68,16 +85,9 @@ def test_perfect_drafts_over_a_draft_vocabulary_are_accepted_when_inside_it(mode
     index = np.full(128, vocab.size - 1)
     index[vocab] = np.arange(vocab.size)  # outside: the draft is the last vocabulary token
     full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(PROMPTS, ref)] + [[0] * 64]
-    oracle = oracle_drafts(full)
-
-    def draft(*args, k=4):  # the oracle's one-hot drafts, as logits over the draft vocabulary
-        logits, dcache = oracle(*args, k=k)
-        return jax.nn.one_hot(jnp.asarray(index)[jnp.argmax(logits, -1)], vocab.size) * 30.0, dcache
-
-    plan = DecodePlan(model.cfg, model.eos_ids, GREEDY, N, DrafterConfig(num_slots=4, draft_vocab_size=vocab.size), 4,
-                      drafts_from=draft)
-    run = run_to_end(decode_requests(plan, model.params, {DRAFT_VOCAB: jnp.asarray(vocab)}, PROMPTS, len(PROMPTS),
-                                     KEYS, schedule="static"))
+    oracle = VocabOracle(jnp.asarray(full), vocab=jnp.asarray(vocab), index=jnp.asarray(index))
+    plan = DecodePlan(model.cfg, model.eos_ids, GREEDY, N, 4)
+    run = run_to_end(decode_requests(plan, model.params, oracle, PROMPTS, len(PROMPTS), KEYS, schedule="static"))
     assert run.token_ids == ref
     inside = np.isin(answer, vocab).mean()
     accepted = np.asarray(run.rows["accepted"])[:, 0].sum() / np.asarray(run.rows["row_rounds"]).sum()
@@ -86,9 +96,8 @@ def test_perfect_drafts_over_a_draft_vocabulary_are_accepted_when_inside_it(mode
 
 def reduced_drafter(model, size=48, seed=0, **kw) -> LoadedDrafter:
     cfg = DrafterConfig(num_slots=kw.pop("num_slots", 4), draft_vocab_size=size, **kw)
-    params = init_drafter(model.cfg, cfg, jax.random.key(seed))
     ids = np.sort(np.random.default_rng(seed).choice(model.cfg.vocab_size, size, replace=False))
-    return LoadedDrafter(cfg, params | {DRAFT_VOCAB: jnp.asarray(ids, jnp.int32)}, {})
+    return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(seed), ids), {})
 
 
 def test_a_drafter_with_a_draft_vocabulary_is_lossless(model):
@@ -134,15 +143,15 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
     drafter = reduced_drafter(target, size=32, num_slots=2)
     save_drafter(tmp_path / "d", drafter.cfg, drafter.params, target.cfg)
     loaded = load_drafter(tmp_path / "d", target)
-    assert loaded.params[DRAFT_VOCAB].dtype == jnp.int32
-    np.testing.assert_array_equal(loaded.params[DRAFT_VOCAB], drafter.params[DRAFT_VOCAB])
+    assert loaded.params.vocab.dtype == jnp.int32
+    np.testing.assert_array_equal(loaded.params.vocab, drafter.params.vocab)
     check_drafter_fits(loaded, target.cfg)
-    bad = np.asarray(drafter.params[DRAFT_VOCAB]).copy()
+    bad = np.asarray(drafter.params.vocab).copy()
     bad[1] = bad[0]  # a repeated id
-    save_drafter(tmp_path / "dup", drafter.cfg, drafter.params | {DRAFT_VOCAB: bad}, target.cfg)
+    save_drafter(tmp_path / "dup", drafter.cfg, drafter.params.replace(vocab=bad), target.cfg)
     with pytest.raises(SpecformerError, match="distinct token ids"):
         load_drafter(tmp_path / "dup", target)
-    weights = {k: v for k, v in drafter.params.items() if k != DRAFT_VOCAB}
+    weights = drafter.params.replace(vocab=None)
     save_drafter(tmp_path / "none", drafter.cfg, weights, target.cfg)
     with pytest.raises(SpecformerError, match="must hold 32 token ids"):
         load_drafter(tmp_path / "none", target)
@@ -175,7 +184,7 @@ def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path,
     assert meta["drafter"]["draft_vocab_size"] == 40
     assert meta["draft_vocab"]["coverage_train"] == pytest.approx(coverage(counts, want), abs=1e-4)
     drafter = load_drafter(tmp_path / "drafter", target)
-    np.testing.assert_array_equal(drafter.params[DRAFT_VOCAB], want)
+    np.testing.assert_array_equal(drafter.params.vocab, want)
     prompts = prompts[:5]
     assert (generate(target, prompts, max_new_tokens=N, drafter=drafter, draft_len=3).token_ids
             == generate(target, prompts, max_new_tokens=N).token_ids)
@@ -187,5 +196,5 @@ def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path,
     save_drafter(tmp_path / "full", full, init_drafter(target.cfg, full, jax.random.key(3)), target.cfg)
     start = trainer.initial_params(config(tiny_checkpoints, tmp_path / "r", draft_vocab_size=40,
                                           init_from=str(tmp_path / "full")), target)
-    np.testing.assert_array_equal(start["expand"]["kernel"], load_drafter(tmp_path / "full", target).params["expand"]
-                                  ["kernel"])
+    np.testing.assert_array_equal(start["expand"]["kernel"],
+                                  load_drafter(tmp_path / "full", target).params.weights["expand"]["kernel"])

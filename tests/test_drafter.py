@@ -30,7 +30,7 @@ def run(cfg, params, hidden, cache, num_new=None, slots_at=None, num_slots=None,
 def test_default_hooks_and_shapes():
     cfg = DrafterConfig(num_slots=5)
     assert cfg.resolved_hooks(TARGET) == (0, 2, 3, 4)
-    params = init_drafter(TARGET, cfg, jax.random.key(0))
+    params = init_drafter(TARGET, cfg, jax.random.key(0)).weights
     assert params["fuse"]["kernel"].shape == (4 * 32, 32)
     assert params["expand"]["kernel"].shape == (32, 5 * 32) and params["expand"]["bias"].shape == (5 * 32,)
     states, cache = run(cfg, params, hidden_states(cfg, 2, 7), drafter_cache(TARGET, 2, 16))
@@ -58,7 +58,7 @@ def test_slot_i_at_position_t_targets_token_t_plus_2_plus_i():
 
 def test_next_token_input_starts_as_the_paper_drafter_and_changes_only_its_own_position():
     paper, extended = DrafterConfig(num_slots=4), DrafterConfig(num_slots=4, next_token_input=True)
-    params = init_drafter(TARGET, extended, jax.random.key(5))
+    params = init_drafter(TARGET, extended, jax.random.key(5)).weights
     paper_params = {k: v for k, v in params.items() if not k.startswith("next_")}
     assert set(params) - set(paper_params) == {"next_norm", "next_proj"}
     hidden, cache = hidden_states(paper, 2, 6), drafter_cache(TARGET, 2, 6)
@@ -81,7 +81,7 @@ def test_cached_context_layer_equals_full_sequence_pass(variant):
     context_token_input, each position's next-token embedding goes in beside its states)."""
     cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
                         context_token_input=variant == "context_token")
-    params = init_drafter(TARGET, cfg, jax.random.key(1))
+    params = init_drafter(TARGET, cfg, jax.random.key(1)).weights
     B, T = 3, 9
     hidden = hidden_states(cfg, B, T, seed=2)
     nxt = jax.random.normal(jax.random.key(3), (B, T, TARGET.hidden_size)) if cfg.context_token_input else None
@@ -112,7 +112,7 @@ def perturb_last_slot(params, K, d):
 @pytest.mark.parametrize("slot_attention,earlier_slots_change", [("bidirectional", True), ("causal", False)])
 def test_slot_attention_direction(slot_attention, earlier_slots_change):
     cfg = DrafterConfig(num_slots=4, slot_attention=slot_attention)
-    params = init_drafter(TARGET, cfg, jax.random.key(3))
+    params = init_drafter(TARGET, cfg, jax.random.key(3)).weights
     hidden = hidden_states(cfg, 2, 5)
     base, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5))
     moved, _ = run(cfg, perturb_last_slot(params, 4, 32), hidden, drafter_cache(TARGET, 2, 5))
@@ -123,7 +123,7 @@ def test_slot_attention_direction(slot_attention, earlier_slots_change):
 @pytest.mark.parametrize("slot_attention", ["bidirectional", "causal"])
 def test_fewer_slots_at_inference_are_a_prefix_of_all_slots(slot_attention):
     cfg = DrafterConfig(num_slots=6, slot_attention=slot_attention)
-    params = init_drafter(TARGET, cfg, jax.random.key(4))
+    params = init_drafter(TARGET, cfg, jax.random.key(4)).weights
     hidden = hidden_states(cfg, 2, 5)
     full, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5))
     few, _ = run(cfg, params, hidden, drafter_cache(TARGET, 2, 5), num_slots=2)

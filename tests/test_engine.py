@@ -13,15 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate, generate_stream
+from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.plan import DecodePlan, make_plan
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import Interrupted, decode_requests, run_to_end
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
@@ -65,31 +67,44 @@ def reference(model):
     return [plain_alone(model, p, b) for p, b in zip(PROMPTS, BUDGETS)]
 
 
-def oracle_drafts(reference, k=3, positions=64):
-    """Drafts that know the reference continuations, looked up by (drafting position, token just emitted) and not
-    by slot, so they stay right whichever slot a request lands in: rounds accept several tokens, and EOS and budgets
-    fall inside them."""
+@struct.dataclass
+class TableOracle:
+    """A draft source (decoding/draft_source.py) that knows the reference continuations, looked up by (drafting
+    position, token just emitted) and not by slot, so it stays right whichever slot a request lands in: rounds
+    accept several tokens, and EOS and budgets fall inside them."""
+
+    table: jax.Array  # int32[positions, 256, k]
+
+    def hooks(self, plan):
+        return ()
+
+    def empty_state(self, plan, rows, max_len):
+        return drafter_cache(plan.cfg, rows, max_len)
+
+    def bind(self, plan, params):
+        return self
+
+    def draft(self, plan, hidden, state, num_new, slots_at, next_tokens, keys):
+        after = jnp.take_along_axis(next_tokens, slots_at, axis=1)[:, 0]  # the token after the drafting position
+        tok = self.table[state.lengths + slots_at[:, 0], after]  # [B, k]
+        drafts, q = choose_drafts(30.0 * jax.nn.one_hot(tok, plan.cfg.vocab_size), keys, plan.sampling)
+        return drafts, q, state.replace(lengths=state.lengths + num_new)
+
+
+def oracle_drafts(reference, k=3, positions=64) -> TableOracle:
     table = np.zeros((positions, 256, k), np.int32)
     for prompt, answer in zip(PROMPTS, reference):
         seq = prompt + answer + [0] * (k + 1)
         for t in range(len(prompt) + len(answer) - 1):
             table[t, seq[t + 1]] = seq[t + 2: t + 2 + k]
-    table = jnp.asarray(table)
-
-    def draft(dparams, head, hidden, dcache, num_new, slots_at, next_tokens):
-        vocab = max(jax.tree.leaves(head["embed"] if "embed" in head else head["lm_head"])[0].shape)
-        after = jnp.take_along_axis(next_tokens, slots_at, axis=1)[:, 0]  # the token after the drafting position
-        tok = table[dcache.lengths + slots_at[:, 0], after]  # [B, k]
-        return 30.0 * jax.nn.one_hot(tok, vocab), dcache.replace(lengths=dcache.lengths + num_new)
-
-    return draft
+    return TableOracle(jnp.asarray(table))
 
 
-def run(plan: DecodePlan, model, dparams=None, pool=3, schedule="continuous", order=None, keys=None):
+def run(plan: DecodePlan, model, source=None, pool=3, schedule="continuous", order=None, keys=None, rounds=8):
     order = list(range(len(PROMPTS))) if order is None else order
     keys = jax.random.split(jax.random.key(0), len(PROMPTS)) if keys is None else keys
-    result = run_to_end(decode_requests(plan, model.params, dparams, [PROMPTS[i] for i in order], pool,
-                                        keys[np.asarray(order)], schedule=schedule,
+    result = run_to_end(decode_requests(plan, model.params, source, [PROMPTS[i] for i in order], pool,
+                                        keys[np.asarray(order)], chunk_rounds=rounds, schedule=schedule,
                                         budgets=[BUDGETS[i] for i in order]))
     tokens = [None] * len(order)
     for got, i in zip(result.token_ids, order):
@@ -101,11 +116,10 @@ def run(plan: DecodePlan, model, dparams=None, pool=3, schedule="continuous", or
 @pytest.mark.parametrize("schedule", ["continuous", "static"])
 def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rounds, schedule):
     greedy = SamplingConfig()
-    plain = DecodePlan(model.cfg, model.eos_ids, greedy, N, chunk_rounds=rounds)
-    oracle = DecodePlan(model.cfg, model.eos_ids, greedy, N, DrafterConfig(num_slots=3), 3, rounds,
-                        oracle_drafts(reference))
-    assert run(plain, model, schedule=schedule)[0] == reference
-    tokens, result = run(oracle, model, schedule=schedule)
+    plain = DecodePlan(model.cfg, model.eos_ids, greedy, N)
+    oracle = DecodePlan(model.cfg, model.eos_ids, greedy, N, 3)
+    assert run(plain, model, schedule=schedule, rounds=rounds)[0] == reference
+    tokens, result = run(oracle, model, oracle_drafts(reference), schedule=schedule, rounds=rounds)
     assert tokens == reference
     stats = result.speculative_stats()
     assert stats["mean_accepted_length"] > 1.3  # rounds of several tokens: EOS and budgets land inside them
@@ -117,24 +131,24 @@ def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rou
 @pytest.mark.parametrize("pool, backwards", [(3, False), pytest.param(5, True, marks=pytest.mark.slow)])
 def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference, pool, backwards):
     cfg = DrafterConfig(num_slots=3)
-    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
+    source = SpecformerDrafts(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)))
     order = list(range(len(PROMPTS)))[::-1] if backwards else None
-    plan = make_plan(model, drafter, 2, SamplingConfig(), N, chunk_rounds=4)
-    assert run(plan, model, drafter.params, pool=pool, order=order)[0] == reference
+    plan = make_plan(model, 2, SamplingConfig(), N)
+    assert run(plan, model, source, pool=pool, order=order, rounds=4)[0] == reference
 
 
 # plain decoding's samples against batch composition are also checked in test_decoding.py, in `make test`
 @pytest.mark.parametrize("draft_len", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_sampled_requests_do_not_depend_on_pool_size_or_insertion_order(model, draft_len):
     cfg = DrafterConfig(num_slots=3)
-    drafter = LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
+    source = SpecformerDrafts(cfg, init_drafter(model.cfg, cfg, jax.random.key(3))) if draft_len else None
     sampling = SamplingConfig(temperature=1.0, top_k=50)
     keys = jax.random.split(jax.random.key(7), len(PROMPTS))
-    plan = make_plan(model, drafter, draft_len, sampling, N, chunk_rounds=4)
-    first = run(plan, model, drafter.params, pool=3, keys=keys)[0]
+    plan = make_plan(model, draft_len, sampling, N)
+    first = run(plan, model, source, pool=3, keys=keys, rounds=4)[0]
     backwards = list(range(len(PROMPTS)))[::-1]
-    assert run(plan, model, drafter.params, pool=5, schedule="static", order=backwards, keys=keys)[0] == first
-    other = run(plan, model, drafter.params, pool=3, keys=jax.random.split(jax.random.key(8), len(PROMPTS)))[0]
+    assert run(plan, model, source, pool=5, schedule="static", order=backwards, keys=keys, rounds=4)[0] == first
+    other = run(plan, model, source, pool=3, keys=jax.random.split(jax.random.key(8), len(PROMPTS)), rounds=4)[0]
     assert other != first  # the keys do matter
 
 

@@ -226,11 +226,11 @@ def test_kernels_lower_for_tpu_and_cuda(B, Q, H, Hkv, S, D, splits):
 
 @pytest.mark.parametrize("impl", ["interpret", pytest.param("interpret_tpu", marks=pytest.mark.slow)])
 def test_speculative_decoding_on_the_kernels_gives_the_reference_tokens(tiny_checkpoints, impl):
-    from specformer_jax.checkpoints.drafter_io import LoadedDrafter
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.config import DrafterConfig
     from specformer_jax.decoding.api import generate
     from specformer_jax.modeling.drafter import init_drafter
+    from specformer_jax.modeling.loaded import LoadedDrafter
 
     prompts = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
     ref = load_target(tiny_checkpoints["llama3"])

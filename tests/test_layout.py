@@ -23,6 +23,7 @@ LAYERS = [
     ("specformer_jax.cli",),
 ]
 APART = [("specformer_jax.modeling", "specformer_jax.checkpoints"),  # checkpoints load into modeling, not back
+         ("specformer_jax.decoding", "specformer_jax.checkpoints"),  # the engine takes modeling values, not files
          ("specformer_jax.training", "specformer_jax.bench"), ("specformer_jax.bench", "specformer_jax.training")]
 LONG_FUNCTIONS: set[tuple[str, str]] = set()  # (module, function) allowed past MAX_FUNCTION_LINES
 MAX_FUNCTION_LINES = 70
@@ -96,6 +97,19 @@ def test_no_import_circle(graph):
         if node not in state:
             visit(node, [])
     assert not circles
+
+
+def test_decoding_does_not_import_the_loaders(graph):
+    """The engine sees loaded models (modeling/loaded.py) and the cache directory (files.py), never the file formats."""
+    assert not [f"{m} imports {i}" for m, deps in graph.items() for i in deps
+                if within(m, "specformer_jax.decoding") and within(i, "specformer_jax.checkpoints")]
+
+
+def test_the_draft_vocabulary_key_is_file_format_only():
+    """A drafter's draft vocabulary is a typed field (DrafterParams.vocab); its key string belongs to the files."""
+    where = {name for name, path in modules().items() for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value == "draft_vocab"}
+    assert where == {"specformer_jax.checkpoints.drafter_io"}
 
 
 def test_the_kernels_import_only_jax():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.target import Target
+from specformer_jax.modeling.kv_cache import target_cache
+from specformer_jax.modeling.target import Target, init_target
 from specformer_jax.training.loss import chunked_slot_ce, replay_rounds, slot_targets, slot_teacher_index, target_hidden
 
 TARGET = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -41,8 +41,7 @@ def test_chunked_loss_and_gradient_equal_dense(chunk):
     mask[0, 5:15] = 1  # answers in the middle, at the end, and a row with none
     mask[1, 12:] = 1
     labels, weights = slot_targets(tokens, jnp.asarray(mask), K)
-    cache = KVCache.zeros(TARGET.num_layers, 1, 1, TARGET.num_kv_heads, TARGET.head_dim, TARGET.dtype)
-    target_params = Target(TARGET).init(jax.random.key(1), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    target_params = init_target(TARGET, jax.random.key(1))
     states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
     argmax = jnp.argmax(Target(TARGET).apply({"params": target_params}, states, method=Target.head), -1)
     labels = jnp.where(jnp.asarray(rng.random((B, T, K)) < 0.6), argmax, labels)  # many right drafts, in runs
@@ -76,8 +75,7 @@ def test_chunked_kl_and_gradient_equal_dense(chunk):
     mask = np.zeros((B, T), np.int32)
     mask[0, 4:] = 1
     labels, weights = slot_targets(tokens, jnp.asarray(mask), K)
-    cache = KVCache.zeros(TARGET.num_layers, 1, 1, TARGET.num_kv_heads, TARGET.head_dim, TARGET.dtype)
-    target_params = Target(TARGET).init(jax.random.key(1), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    target_params = init_target(TARGET, jax.random.key(1))
     states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
     teacher = jax.random.normal(jax.random.key(4), (B, T, K, TARGET.hidden_size))
 
@@ -95,8 +93,7 @@ def test_kl_teacher_is_the_targets_distribution_for_the_slots_label():
     t + 2 + i, the slot's CE label (so on greedy text the teacher's argmax is that label)."""
     cfg = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
                        num_kv_heads=1, head_dim=8)
-    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
-    params = Target(cfg).init(jax.random.key(5), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    params = init_target(cfg, jax.random.key(5))
     T, K = 12, 3
     tokens = jax.random.randint(jax.random.key(6), (1, T), 0, cfg.vocab_size)
     logits = Target(cfg).apply({"params": params}, tokens, target_cache(cfg, 1, T))[0][0]  # [T, V]
@@ -154,8 +151,7 @@ def test_slot_decay_weighs_each_slots_loss():
 
     cfg = TargetConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
                        num_kv_heads=1, head_dim=8)
-    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
-    params = Target(cfg).init(jax.random.key(5), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    params = init_target(cfg, jax.random.key(5))
     dcfg = DrafterConfig(num_slots=3)
     dparams = init_drafter(cfg, dcfg, jax.random.key(1))
     tokens = jax.random.randint(jax.random.key(6), (2, 12), 0, cfg.vocab_size)

@@ -8,7 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from specformer_jax.checkpoints.default import GGUF_NAME, cache_dir
+from specformer_jax.checkpoints.default import GGUF_NAME
+from specformer_jax.files import cache_dir
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
 
 from specformer_jax.bench import roofline
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.drafter import init_drafter
-from specformer_jax.modeling.kv_cache import KVCache
-from specformer_jax.modeling.target import Target
+from specformer_jax.modeling.drafter import drafter_shapes
+from specformer_jax.modeling.target import target_shapes
 
 CFG = TargetConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=32)
@@ -23,12 +20,11 @@ CFG = TargetConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_l
 
 def target_params(cfg):
     """The parameter tree's shapes (all the roofline reads), without computing any values."""
-    cache = KVCache.zeros(cfg.num_layers, 1, 8, cfg.num_kv_heads, cfg.head_dim)
-    return jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+    return target_shapes(cfg)
 
 
 def drafter_params(cfg, dcfg):
-    return jax.eval_shape(lambda: init_drafter(cfg, dcfg, jax.random.key(1)))
+    return drafter_shapes(cfg, dcfg)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -45,7 +41,7 @@ def test_model_facts_count_the_real_parameters(tied):
     matrices = sum(n for k, n in sizes.items() if k.endswith("kernel")) + (sizes["embed/embedding"] if tied else 0)
     assert f["target_matmul_flops_per_token"] == 2 * matrices
     assert f["kv_bytes_per_token"] == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-    dflat = {k: int(np.prod(v.shape)) for k, v in traverse_util.flatten_dict(dparams, sep="/").items()}
+    dflat = {k: int(np.prod(v.shape)) for k, v in traverse_util.flatten_dict(dparams.weights, sep="/").items()}
     assert f["drafter_weight_bytes"] == 4 * sum(dflat.values())
     context = sum(n for k, n in dflat.items() if k.startswith(("fuse/", "context_attn/")) and k.endswith("kernel"))
     assert f["drafter_context_flops_per_token"] == 2 * context

@@ -4,7 +4,6 @@ decoding of that prefix gives), and `bench --model random:tiny` runs end to end 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -20,10 +19,12 @@ from specformer_jax.cli import main
 from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.plan import make_plan
 from specformer_jax.decoding.pool import cache_len, empty_pool, insert
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import law_accepted_length
+from specformer_jax.decoding.set_acceptance import SetAcceptance, law_accepted_length
+from specformer_jax.decoding.speculative import Verify
 from specformer_jax.errors import SpecformerError
 
 PROMPTS = [[(11 * i + 5 * r + 3) % 250 + 1 for i in range(n)] for r, n in enumerate([6, 17, 3, 25, 9, 12])]
@@ -62,14 +63,15 @@ def test_accepted_drafts_follow_the_set_law(tiny, rate):
 
 
 def test_rates_share_one_compilation(tiny):
-    """The rate is data of the pool, not part of the compiled plan: a sweep over rates compiles its chunk once."""
+    """The rate is data the round is given, not part of the compiled plan: a sweep over rates compiles its chunk
+    once."""
     model, drafter = tiny
-    before = runner.COMPILED.count("chunk")
+    before = runner.COMPILED.count(run_chunk)
     for rate in (0.3, 0.9):
         res = generate(model, PROMPTS[:2], max_new_tokens=6, batch_size=2, drafter=drafter, draft_len=2,
                        set_acceptance=rate, chat=False)
         assert res.stats["set_acceptance"] == rate
-    assert runner.COMPILED.count("chunk") == before + 1
+    assert runner.COMPILED.count(run_chunk) == before + 1
 
 
 def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
@@ -77,21 +79,21 @@ def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     tokens emitted so far, so the set rounds left the caches exactly as a real round with those tokens would."""
     model, drafter = tiny
     N, rows = 30, 3
-    set_plan = make_plan(model, drafter, 3, GREEDY, N, chunk_rounds=4, set_acceptance=True)
-    real_plan = dataclasses.replace(set_plan, set_acceptance=False)
-    chunk = functools.partial(jax.jit, static_argnums=0)(run_chunk)
+    plan = make_plan(model, 3, GREEDY, N)
+    source = SpecformerDrafts(drafter.cfg, drafter.params)
+    chunk = functools.partial(jax.jit, static_argnums=(0, 1))(run_chunk)
     width = max(map(len, PROMPTS[:rows]))
     block = np.zeros((rows, width), np.int32)
     for r, p in enumerate(PROMPTS[:rows]):
         block[r, : len(p)] = p
-    pool = empty_pool(set_plan, rows, cache_len(set_plan, width))
-    pool = insert(set_plan, model.params, drafter.params, pool, jnp.asarray(block),
+    pool = empty_pool(plan, rows, cache_len(plan, width), source)
+    pool = insert(plan, model.params, source, pool, jnp.asarray(block),
                   jnp.asarray([len(p) for p in PROMPTS[:rows]], jnp.int32), jnp.arange(rows, dtype=jnp.int32),
                   jnp.full((rows,), N, jnp.int32), jax.random.split(jax.random.key(0), rows))
-    pool = chunk(set_plan, model.params, drafter.params, pool.replace(accept_rate=jnp.float32(0.7)))
+    pool = chunk(plan, 4, model.params, source, SetAcceptance(jnp.float32(0.7)), pool)
     mid = np.asarray(pool.num_out)
     for _ in range(2):
-        pool = chunk(real_plan, model.params, drafter.params, pool)
+        pool = chunk(plan, 4, model.params, source, Verify(), pool)
     out, end = np.asarray(pool.out), np.asarray(pool.num_out)
     assert (mid > 4).all() and (end > mid).all()
     for r in range(rows):

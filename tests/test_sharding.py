@@ -66,3 +66,42 @@ def test_sharded_decoding_gives_the_unsharded_tokens():
     for layout in layouts[1:]:
         assert out[layout]["ar"] == ref["ar"], layout
         assert out[layout]["spec"] == ref["ar"], layout
+
+
+def test_every_weight_declares_its_logical_axes():
+    """Each weight of every target layout and every drafter variant carries logical axes of its own rank (declared
+    beside it, modeling/layers.py), so a new weight cannot be replicated silently; one without is an error."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from specformer_jax.config import DrafterConfig, TargetConfig
+    from specformer_jax.modeling.drafter import drafter_axes, drafter_shapes
+    from specformer_jax.modeling.layers import logical_axes
+    from specformer_jax.modeling.target import target_axes, target_shapes
+
+    base = TargetConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2)
+    targets = [dataclasses.replace(base, **kw) for kw in (
+        {}, {"qkv_bias": True, "tie_embeddings": True}, {"qk_norm": True}, {"unroll_layers": True},
+        {"unroll_layers": True, "fuse_projections": True, "qkv_bias": True})]
+    drafters = [DrafterConfig(num_slots=3), DrafterConfig(slot_attention="causal", intermediate_size=16),
+                DrafterConfig(next_token_input=True, context_token_input=True, draft_vocab_size=20)]
+    pairs = [(target_axes(t), target_shapes(t)) for t in targets]
+    pairs += [(drafter_axes(base, d), drafter_shapes(base, d)) for d in drafters]
+    for axes, shapes in pairs:
+        ranks = jax.tree.map(lambda spec, shape: len(spec) == len(shape.shape), axes, shapes)
+        assert all(jax.tree.leaves(ranks))
+    used = {a for axes, _ in pairs for spec in jax.tree.leaves(axes) for a in spec if a}
+    assert used == {"embed", "heads", "kv_heads", "mlp", "vocab"}
+
+    class Undeclared(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4, name="proj")(x)
+
+    boxed = jax.eval_shape(Undeclared().init, jax.random.key(0), jnp.zeros((1, 3)))["params"]
+    with pytest.raises(ValueError, match=r"weight \['proj'\]\['(bias|kernel)'\] declares no logical axes"):
+        logical_axes(boxed)
+

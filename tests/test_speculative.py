@@ -10,15 +10,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
-from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.modeling.drafter import drafter_cache, init_drafter
+from specformer_jax.modeling.loaded import LoadedDrafter
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
            [100, 101, 102, 103, 104], [60], [7, 7, 7, 8, 8, 8, 9, 9]]
@@ -36,32 +38,51 @@ def ar(model, prompts, **kw):
     return generate(model, prompts, max_new_tokens=N, **kw).token_ids
 
 
-def oracle_drafts(sequences, shift=0):
-    """A draft function that knows the AR continuation: perfect (shift=0) or never right (shift=1). Like a drafter
-    with a next-token input, it is right only when told the token after each new position up to its drafting
-    position (what a context-level input reads), so the perfect one also checks that the loop passes those tokens."""
-    seqs = jnp.asarray(sequences)
-    at = lambda pos: jnp.take_along_axis(seqs[: pos.shape[0]], jnp.minimum(pos, seqs.shape[1] - 1), axis=1)
+@struct.dataclass
+class Oracle:
+    """A draft source (decoding/draft_source.py) that knows the AR continuation: perfect (shift=0) or never right
+    (shift=1). Like a drafter with a next-token input, it is right only when told the token after each new position
+    up to its drafting position (what a context-level input reads), so the perfect one also checks that the loop
+    passes those tokens. Its state is a drafter's cache, whose lengths say where each row stands."""
 
-    def draft(dparams, tparams, hidden, dcache, num_new, slots_at, next_tokens, k=4):
-        t = dcache.lengths[:, None] + slots_at  # the drafting position
-        tok = at(t + 2 + jnp.arange(k)[None, :])  # slot i at t predicts t + 2 + i
+    seqs: jax.Array  # int32[rows, 64]: prompt and continuation of each slot's request
+    shift: int = struct.field(pytree_node=False, default=0)
+
+    def hooks(self, plan):
+        return ()
+
+    def empty_state(self, plan, rows, max_len):
+        return drafter_cache(plan.cfg, rows, max_len)
+
+    def bind(self, plan, params):
+        return self
+
+    def logits(self, plan, state, slots_at, next_tokens):
+        """One-hot logits [B, k, 128] of the oracle's drafts."""
+        at = lambda pos: jnp.take_along_axis(self.seqs[: pos.shape[0]], jnp.minimum(pos, self.seqs.shape[1] - 1), 1)
+        t = state.lengths[:, None] + slots_at  # the drafting position
+        tok = at(t + 2 + jnp.arange(plan.draft_len)[None, :])  # slot i at t predicts t + 2 + i
         j = jnp.arange(next_tokens.shape[1])[None, :]
-        told = (next_tokens == at(dcache.lengths[:, None] + j + 1)) | (j > slots_at)  # positions past t: not kept
+        told = (next_tokens == at(state.lengths[:, None] + j + 1)) | (j > slots_at)  # positions past t: not kept
         tok = jnp.where(jnp.all(told, axis=1, keepdims=True), tok, tok + 1)
-        return 30.0 * jax.nn.one_hot((tok + shift) % 128, 128), dcache.replace(lengths=dcache.lengths + num_new)
+        return 30.0 * jax.nn.one_hot((tok + self.shift) % 128, 128)
 
-    return draft
+    def draft(self, plan, hidden, state, num_new, slots_at, next_tokens, keys):
+        drafts, q = choose_drafts(self.logits(plan, state, slots_at, next_tokens), keys, plan.sampling)
+        return drafts, q, state.replace(lengths=state.lengths + num_new)
+
+
+def oracle_drafts(sequences, shift=0) -> Oracle:
+    return Oracle(jnp.asarray(sequences), shift)
 
 
 def oracle_run(model, prompts, k, continuations, shift=0, eos_ids=(), max_new=N):
     """Speculative decoding with oracle drafts from `continuations` (one static batch: slot i holds prompt i)."""
     full = [p + r + [0] * (64 - len(p) - len(r)) for p, r in zip(prompts, continuations)]
     full += [[0] * 64] * (8 - len(full))  # the prefill block is padded to a power of two rows
-    plan = DecodePlan(model.cfg, eos_ids, GREEDY, max_new, DrafterConfig(num_slots=k), k,
-                      drafts_from=lambda *a: oracle_drafts(full, shift)(*a, k=k))
-    return run_to_end(decode_requests(plan, model.params, None, prompts, len(prompts), KEYS[: len(prompts)],
-                                      schedule="static"))
+    plan = DecodePlan(model.cfg, eos_ids, GREEDY, max_new, k)
+    return run_to_end(decode_requests(plan, model.params, oracle_drafts(full, shift), prompts, len(prompts),
+                                      KEYS[: len(prompts)], schedule="static"))
 
 
 def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
@@ -79,8 +100,8 @@ def test_specformer_drafter_is_lossless(model, rows, variant):
                         next_token_input=variant == "next_token", context_token_input=variant == "context_token")
     params = init_drafter(model.cfg, cfg, jax.random.key(rows))
     if cfg.next_token_input:  # zero at init; make the input matter
-        w = params["next_proj"]["kernel"]
-        params["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
+        w = params.weights["next_proj"]["kernel"]
+        params.weights["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
     drafter = LoadedDrafter(cfg, params, {})
     prompts = PROMPTS[:rows]
     for k in (4, 2):

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import chunk, pool, runner, speculative
+from specformer_jax.decoding import draft_source, runner, speculative
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
+from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
+from specformer_jax.modeling.loaded import LoadedDrafter
 from specformer_jax.modeling.target import Target
 
 PROMPT = [5, 17, 3, 99, 42, 7, 8]
@@ -98,12 +98,11 @@ def variant_drafter(model, variant: str) -> LoadedDrafter:
     vocabulary (draft_vocab: q is zero on the other half, where the target's samples still land)."""
     cfg = DrafterConfig(num_slots=3, next_token_input=variant == "slots", context_token_input=variant == "context",
                         draft_vocab_size=64 if variant == "draft_vocab" else None)
-    params = init_drafter(model.cfg, cfg, jax.random.key(6))
+    vocab = np.sort(np.random.default_rng(1).permutation(128)[:64]) if cfg.draft_vocab_size else None
+    params = init_drafter(model.cfg, cfg, jax.random.key(6), vocab)
     if cfg.next_token_input:
-        w = params["next_proj"]["kernel"]
-        params["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
-    if cfg.draft_vocab_size:
-        params[DRAFT_VOCAB] = jnp.asarray(np.sort(np.random.default_rng(1).permutation(128)[:64]), jnp.int32)
+        w = params.weights["next_proj"]["kernel"]
+        params.weights["next_proj"]["kernel"] = 0.05 * jax.random.normal(jax.random.key(9), w.shape, w.dtype)
     return LoadedDrafter(cfg, params, {})
 
 
@@ -140,8 +139,7 @@ def test_the_test_catches_a_draft_vocabulary_q_left_unmapped(model, monkeypatch)
         q_small = jax.nn.softmax(process_logits(logits, sampling), axis=-1)
         return drafts, jnp.zeros_like(q).at[..., : q_small.shape[-1]].set(q_small)
 
-    for module in (chunk, pool):
-        monkeypatch.setattr(module, "choose_drafts", unmapped)
+    monkeypatch.setattr(draft_source, "choose_drafts", unmapped)
     monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, variant_drafter(model, "draft_vocab"), seed=11)

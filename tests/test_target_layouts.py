@@ -15,8 +15,8 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.target import Target, decoding_params
+from specformer_jax.modeling.kv_cache import target_cache
+from specformer_jax.modeling.target import Target, decoding_params, target_axes, target_shapes
 from specformer_jax.parallel import AXES, param_shardings
 
 BASE = TargetConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2)
@@ -32,10 +32,8 @@ HOOKS = (0, 1, 2, -1)  # the embeddings, both inner layers' outputs, the final-n
 def random_params(cfg: TargetConfig):
     """Stacked-layout parameters, every tensor random (norm scales and biases too, so a misplaced one would show);
     drawn with numpy, as compiling Flax's init takes seconds."""
-    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
-    shapes = jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
     rng = np.random.default_rng(0)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), shapes)
+    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), target_shapes(cfg))
 
 
 def assert_same_outputs(a, b):
@@ -80,22 +78,23 @@ def test_decoding_layouts_match_the_stacked_layout(name):
 @pytest.mark.parametrize("name", ["llama", "qwen2"])  # an LM head of its own; tied embeddings and q/k/v biases
 def test_decoding_params_layout(name):
     """The converted tree is the one the decoding layout initialises (names and shapes) and keeps the entries the
-    drafter reads; converting again to the same layout changes nothing, to the other one is refused."""
+    drafter reads; converting again to the same layout changes nothing, to the other one and back gives the same
+    weights (one copy of the weights serves either: LoadedTarget.use_decoding_layout)."""
     cfg = CONFIGS[name]
     params = random_params(cfg)
-    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
     shapes = lambda tree: jax.tree.map(lambda w: (w.shape, w.dtype), tree)
     kept = ["embed", "final_norm"] + ([] if cfg.tie_embeddings else ["lm_head"])
     for fuse in (False, True):
         dcfg, dparams = decoding_params(cfg, params, fuse)
-        expected = jax.eval_shape(Target(dcfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)
-        assert shapes(dparams) == shapes(expected["params"])
+        assert shapes(dparams) == shapes(target_shapes(dcfg))
         assert sorted(dparams) == sorted(kept + [f"layers_{i}" for i in range(cfg.num_layers)])
         assert all(dparams[k] is params[k] for k in kept)
         again = decoding_params(dcfg, dparams, fuse)
         assert again[0] == dcfg and again[1] is dparams
-        with pytest.raises(ValueError, match="stacked"):
-            decoding_params(dcfg, dparams, not fuse)
+        other_cfg, other = decoding_params(dcfg, dparams, not fuse)
+        assert other_cfg.fuse_projections != fuse and shapes(other) == shapes(target_shapes(other_cfg))
+        back_cfg, back = decoding_params(other_cfg, other, fuse)
+        assert back_cfg == dcfg and jax.tree.all(jax.tree.map(np.array_equal, back, dparams))
         assert hash(dcfg) != hash(cfg) and dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False) == cfg
 
 
@@ -103,7 +102,9 @@ def test_fused_kernels_shard_like_the_separate_ones():
     """Tensor parallelism splits the fused q/k/v kernel by KV head and the fused gate/up kernel by MLP unit."""
     cfg = CONFIGS["qwen2"]
     _, dparams = decoding_params(cfg, random_params(cfg), fuse=True)
-    layer = param_shardings(dparams, AbstractMesh((1, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3))["layers_0"]
+    dcfg = dataclasses.replace(cfg, unroll_layers=True, fuse_projections=True)
+    mesh = AbstractMesh((1, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3)
+    layer = param_shardings(dparams, target_axes(dcfg), mesh)["layers_0"]
     assert layer["attn"]["qkv"]["kernel"].spec == P("fsdp", "tensor", None, None)
     assert layer["attn"]["qkv"]["bias"].spec == P("tensor", None, None)
     assert layer["mlp"]["gate_up"]["kernel"].spec == P("fsdp", None, "tensor")

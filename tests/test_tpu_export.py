@@ -13,12 +13,13 @@ from jax import export
 
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.pool import empty_pool, insert
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter
-from specformer_jax.modeling.kv_cache import KVCache
-from specformer_jax.modeling.target import Target
+from specformer_jax.decoding.speculative import Verify
+from specformer_jax.modeling.drafter import drafter_shapes
+from specformer_jax.modeling.target import target_shapes
 from specformer_jax.training.train_config import TrainConfig
 
 CFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -28,8 +29,7 @@ B, TP, N = 2, 32, 8
 
 
 def target_params():
-    return jax.eval_shape(lambda: Target(CFG).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32),
-                                                   KVCache.zeros(2, 1, 1, 2, 16))["params"])
+    return target_shapes(CFG)
 
 
 def lowered_for_tpu(fn, *args):
@@ -43,17 +43,15 @@ def spec(shape, dtype=jnp.int32):
 
 
 def engine(cfg, sampling, speculative=True, drafter=DRAFTER):
-    """The engine's chunk and refill as functions of (params, drafter params, pool[, block]), with their abstract
+    """The engine's chunk and refill as functions of (params, draft source, pool[, block]), with their abstract
     arguments."""
-    plan = DecodePlan(cfg, (2,), sampling, N, drafter if speculative else None, 3 if speculative else 0, 4)
-    pool = jax.eval_shape(lambda: empty_pool(plan, B, 64))
-    dparams = jax.eval_shape(lambda: init_drafter(cfg, drafter, jax.random.key(0))) if speculative else None
-    if speculative and drafter.draft_vocab_size:
-        dparams[DRAFT_VOCAB] = spec((drafter.draft_vocab_size,))
+    plan = DecodePlan(cfg, (2,), sampling, N, 3 if speculative else 0)
+    source = SpecformerDrafts(drafter, drafter_shapes(cfg, drafter)) if speculative else None
+    pool = jax.eval_shape(lambda: empty_pool(plan, B, 64, source))
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-    chunk = (lambda p, d, s: run_chunk(plan, p, d, s)), (target_params(), dparams, pool)
+    chunk = (lambda p, d, s: run_chunk(plan, 4, p, d, Verify(), s)), (target_params(), source, pool)
     refill = (lambda p, d, s, *block: insert(plan, p, d, s, *block),
-              (target_params(), dparams, pool, spec((B, TP)), spec((B,)), spec((B,)), spec((B,)), keys))
+              (target_params(), source, pool, spec((B, TP)), spec((B,)), spec((B,)), spec((B,)), keys))
     return chunk, refill
 
 
@@ -70,19 +68,19 @@ def test_engine_exports_for_tpu(sampling, speculative):
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, 20, 0.9)])
 def test_a_draft_vocabulary_exports_for_tpu(sampling):
     """Decoding and the train step with a draft vocabulary: the gathered head, the mapped drafts, q scattered back."""
-    from specformer_jax.checkpoints.loader import LoadedTarget
+    from specformer_jax.modeling.loaded import LoadedTarget
     from specformer_jax.parallel import make_mesh
     from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps
 
     (chunk, chunk_args), (refill, refill_args) = engine(CFG, sampling, drafter=DrafterConfig(3, draft_vocab_size=40))
     assert "stablehlo.case" not in lowered_for_tpu(chunk, *chunk_args)
     lowered_for_tpu(refill, *refill_args)
-    cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=B, chunk_positions=32, draft_vocab_size=40)
+    cfg = TrainConfig(drafter=DrafterConfig(num_slots=3, draft_vocab_size=40), seq_len=32, batch_size=B,
+                      chunk_positions=32)
     tx = make_optimizer(cfg)
     target = LoadedTarget(CFG, target_params(), None, (2,), "abstract")
     train_step, _ = make_steps(target, cfg, tx, make_mesh("data=-1"), np.arange(0, 200, 5, dtype=np.int32))
-    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)),
-                           jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(0))))
+    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)), drafter_shapes(CFG, cfg.drafter).weights)
     exp = export.export(train_step, platforms=["tpu"])(state, target.params, {"tokens": spec((B, 32)),
                                                                                "label_mask": spec((B, 32))})
     assert exp.platforms == ("tpu",)
@@ -105,17 +103,16 @@ def test_engine_on_pallas_kernels_lowers_for_tpu_and_cuda():
 def test_train_step_exports_for_tpu(attention_impl):
     """With pallas_tpu the frozen target and the drafter's context layer run the Mosaic kernel; the drafter's
     gradient goes through the kernel's fused backward."""
-    from specformer_jax.checkpoints.loader import LoadedTarget
+    from specformer_jax.modeling.loaded import LoadedTarget
     from specformer_jax.parallel import make_mesh
     from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps
 
-    cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=B, chunk_positions=32)
+    cfg = TrainConfig(drafter=DrafterConfig(num_slots=3), seq_len=32, batch_size=B, chunk_positions=32)
     tx = make_optimizer(cfg)
     target = LoadedTarget(dataclasses.replace(CFG, attention_impl=attention_impl), target_params(), None, (2,),
                           "abstract")
     train_step, _ = make_steps(target, cfg, tx, make_mesh("data=-1"))
-    dparams = jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(0)))
-    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)), dparams)
+    state = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)), drafter_shapes(CFG, cfg.drafter).weights)
     batch = {"tokens": spec((B, 32)), "label_mask": spec((B, 32))}
     exp = export.export(train_step, platforms=["tpu"])(state, target.params, batch)
     assert exp.platforms == ("tpu",)

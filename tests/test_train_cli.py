@@ -100,7 +100,6 @@ def _check_draft_vocab(model: str, data: Path, full: Path, small: Path) -> None:
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.decoding.api import generate
-    from specformer_jax.modeling.drafter import DRAFT_VOCAB
     from specformer_jax.training.dataset import read_distilled, split
 
     records = read_distilled(data)
@@ -111,8 +110,8 @@ def _check_draft_vocab(model: str, data: Path, full: Path, small: Path) -> None:
     want = sorted(sorted(counts, key=lambda t: (-counts[t], t))[:40])
     target = load_target(model)
     a, b = load_drafter(full, target), load_drafter(small, target)
-    assert b.cfg.draft_vocab_size == 40 and b.params[DRAFT_VOCAB].tolist() == want
-    assert jax.tree.all(jax.tree.map(np.array_equal, a.params, {k: v for k, v in b.params.items() if k != DRAFT_VOCAB}))
+    assert b.cfg.draft_vocab_size == 40 and b.params.vocab.tolist() == want
+    assert jax.tree.all(jax.tree.map(np.array_equal, a.params.weights, b.params.weights))
     meta = json.loads((small / "drafter.json").read_text())["draft_vocab"]
     assert meta["coverage_train"] == round(sum(counts[t] for t in want) / counts.total(), 4)
     every = collections.Counter(t for r in records for t in r["input_ids"][r["prompt_len"]:])

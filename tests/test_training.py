@@ -10,11 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, load_drafter, save_drafter
+from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import DrafterParams
+from specformer_jax.modeling.loaded import LoadedDrafter
 from specformer_jax.training import trainer
 from specformer_jax.training.dataset import load_records, read_distilled
 from specformer_jax.training.distill import distill
@@ -36,7 +38,7 @@ def config(tiny_checkpoints, tmp_path, **kw):
     base = dict(model=str(tiny_checkpoints["llama3"]), data="unused", out=str(tmp_path), seq_len=40, batch_size=8,
                 num_slots=3, steps=6, lr=3e-3, adam_eps=1e-8, log_every=1, eval_every=3, eval_batches=1, save_every=2,
                 eval_fraction=0.1, chunk_positions=64)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_settings({**base, **kw})
 
 
 @pytest.fixture
@@ -67,7 +69,7 @@ def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, 
     assert (tmp_path / "drafter" / "params.safetensors").is_file()
     if extra:  # the exported drafter keeps the input and loads with it
         loaded = load_drafter(tmp_path / "drafter", load_target(tiny_checkpoints["llama3"]))
-        assert loaded.cfg.context_token_input and loaded.params["fuse"]["kernel"].shape[0] == 5 * 64
+        assert loaded.cfg.context_token_input and loaded.params.weights["fuse"]["kernel"].shape[0] == 5 * 64
 
 
 def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, records, monkeypatch):
@@ -81,7 +83,7 @@ def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, reco
     cfg = config(tiny_checkpoints, tmp_path / "run", steps=4, eval_every=4, eval_data=str(tmp_path / "unseen"))
     params = trainer.train(cfg, progress=False)["state"].params
     logged = metrics(tmp_path / "run", "eval")[-1]
-    drafter = dataclasses.replace(load_drafter(tmp_path / "run" / "drafter", model), params=params)
+    drafter = dataclasses.replace(load_drafter(tmp_path / "run" / "drafter", model), params=DrafterParams(params))
     want = evaluate_drafter(model, drafter, read_distilled(tmp_path / "unseen"), seq_len=cfg.seq_len,
                             batch_size=cfg.batch_size)
     np.testing.assert_allclose(logged["accuracy_per_slot"], want["accuracy_per_slot"], atol=1e-4)
@@ -180,7 +182,7 @@ def test_train_config_errors(tmp_path):
         load_train_config(good, ["objective=mse"])
     with pytest.raises(SpecformerError, match="intermediate_size must be a positive integer"):
         load_train_config(good, ["intermediate_size=0"])
-    assert load_train_config(good, ["intermediate_size=96"]).drafter().intermediate_size == 96
+    assert load_train_config(good, ["intermediate_size=96"]).drafter.intermediate_size == 96
     for setting, message in [("lr=.nan", "lr must be a positive finite number"), ("lr=-1", "lr must be"),
                              ("adam_eps=0", "adam_eps must be"), ("grad_clip=-1", "grad_clip must be"),
                              ("warmup_frac=5", r"warmup_frac must be a finite number in \[0, 1\]"),
@@ -200,8 +202,8 @@ def test_training_and_eval_refuse_misuse_from_python(tiny_checkpoints, tmp_path,
     with pytest.raises(SpecformerError, match="seq_len 3 leaves no answer token"):  # prompts are 4 to 11 tokens
         trainer.train(config(tiny_checkpoints, tmp_path, seq_len=3), progress=False)
     target = load_target(tiny_checkpoints["llama3"])
-    drafter = LoadedDrafter(DrafterConfig(num_slots=3), trainer.initial_params(config(tiny_checkpoints, tmp_path),
-                                                                                target), {})
+    drafter = LoadedDrafter(DrafterConfig(num_slots=3), DrafterParams(
+        trainer.initial_params(config(tiny_checkpoints, tmp_path), target)), {})
     with pytest.raises(SpecformerError, match="non-empty list of distilled records"):
         evaluate_drafter(target, drafter, [])
     bad = [{**records[0], "input_ids": records[0]["input_ids"] + [500]}]
@@ -257,24 +259,25 @@ def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, 
     # a run may add next_token_input: same parameters plus the new input, which starts at zero
     grown = trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"),
                                           next_token_input=True), target)
-    assert set(grown) - set(params) == {"next_norm", "next_proj"}
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves({k: grown[k] for k in params})):
+    assert set(grown) - set(params.weights) == {"next_norm", "next_proj"}
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves({k: grown[k] for k in params.weights})):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.asarray(grown["next_proj"]["kernel"]).any()
-    save_drafter(tmp_path / "n", DrafterConfig(num_slots=3, next_token_input=True), grown, target.cfg, dtype="float32")
+    save_drafter(tmp_path / "n", DrafterConfig(num_slots=3, next_token_input=True), DrafterParams(grown), target.cfg,
+                 dtype="float32")
     with pytest.raises(SpecformerError, match="drafter settings"):  # but not drop it
         trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "n")), target)
     # and context_token_input: the fuse reads the token's embedding through new rows, zero, so the states are v4's
     both = DrafterConfig(num_slots=3, next_token_input=True, context_token_input=True)
     grown = trainer.initial_params(config(tiny_checkpoints, tmp_path, init_from=str(tmp_path / "d"),
                                           next_token_input=True, context_token_input=True), target)
-    assert set(grown) - set(params) == {"next_norm", "next_proj", "context_next_norm"}
+    assert set(grown) - set(params.weights) == {"next_norm", "next_proj", "context_next_norm"}
     hidden = {i: jax.random.normal(jax.random.key(i), (2, 5, target.cfg.hidden_size))
               for i in both.resolved_hooks(target.cfg)}
     nxt = jax.random.normal(jax.random.key(9), (2, 5, target.cfg.hidden_size))
     apply = lambda cfg, p, **kw: Drafter(target.cfg, cfg).apply({"params": p}, hidden,
                                                                drafter_cache(target.cfg, 2, 5), **kw)[0]
-    np.testing.assert_allclose(apply(both, grown, next_embed=nxt), apply(DrafterConfig(num_slots=3), params),
+    np.testing.assert_allclose(apply(both, grown, next_embed=nxt), apply(DrafterConfig(num_slots=3), params.weights),
                                atol=1e-5)
 
 

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.drafter import split_draft_vocab
 
 # Published per-chip limits: HBM bandwidth (GB/s), dense bf16 matmul peak and float32 matmul peak (TFLOP/s). A
 # float32 model decodes at full precision (DecodePlan.precision in decoding/runner.py): on GPUs the FP32 units, not
@@ -55,7 +54,7 @@ def model_facts(cfg: TargetConfig, drafter: DrafterConfig | None, target_params,
     if drafter is not None:
         K, ffn = drafter.num_slots, drafter.intermediate_size or cfg.intermediate_size
         facts.update({
-            "drafter_weight_bytes": count(split_draft_vocab(drafter_params)[0]) * item if drafter_params else 0,
+            "drafter_weight_bytes": count(drafter_params.weights) * item if drafter_params is not None else 0,
             "drafter_context_flops_per_token": 2 * (len(drafter.resolved_hooks(cfg)) * d * d + d * (q + 2 * kv)
                                                     + q * d),
             "drafter_attention_flops_per_token_per_context": 4 * q,

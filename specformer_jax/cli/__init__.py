@@ -25,7 +25,7 @@ def _persistent_compile_cache() -> None:
     JAX_ENABLE_COMPILATION_CACHE=false turns caching off."""
     import jax
 
-    from specformer_jax.checkpoints.default import cache_dir
+    from specformer_jax.files import cache_dir
 
     if jax.config.jax_enable_compilation_cache and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))

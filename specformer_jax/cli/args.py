@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from pallas_kernels import IMPLS
-from specformer_jax.checks import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, Kind
+from specformer_jax.checks import FRACTION, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import probe_writable
 
@@ -47,24 +47,18 @@ def _probed(text: str, directory: bool) -> Path:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def draft_len(text: str) -> int | str:
-    """A number of drafts per round, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return NON_NEGATIVE_INT.parse(text)
-    except SpecformerError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {text!r}") from None
-
-
 def int_list(name: str):
-    """Comma-separated positive integers, e.g. 1,8,64."""
+    """Comma-separated distinct positive integers, e.g. 1,8,64 (each a row or a run of the result: one twice would be
+    measured twice)."""
 
     def parse(text: str) -> list[int]:
         try:
             values = [POSITIVE_INT.parse(x) for x in text.split(",")]
         except SpecformerError:
             raise argparse.ArgumentTypeError(f"{name} expects positive integers like 1,8,64, got {text!r}") from None
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{name} lists {', '.join(map(str, twice))} more than once")
         return values
 
     return parse

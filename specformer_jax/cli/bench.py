@@ -11,6 +11,7 @@ from pallas_kernels import IMPLS
 from specformer_jax.assets import EVAL_PROMPTS
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli import args as a
+from specformer_jax.cli.decode import draft_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic, write_json
 
@@ -33,7 +34,7 @@ def add_parsers(sub) -> None:
                         "eval-prompts.jsonl)")
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8],
                    help="comma-separated, e.g. 1,4,16,64")
-    p.add_argument("--draft-len", type=a.draft_len, default=None,
+    p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU, 1 on a "
                         "CPU)")
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)

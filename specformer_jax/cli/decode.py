@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -35,10 +36,20 @@ def add_parsers(sub) -> None:
     p.add_argument("--drafter", default=None,
                    help="'default' (shipped for the default model), a drafter directory, or 'none' for plain "
                         "decoding; default: the shipped drafter when --model is default, else none")
-    p.add_argument("--draft-len", type=a.draft_len, default=None,
+    p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
                         "costs; default: all trained slots on a GPU/TPU, 1 on a CPU)")
     p.set_defaults(func=run_generate)
+
+
+def draft_len(text: str) -> int | str:
+    """--draft-len (here and in `bench`): a number of drafts per round, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return NON_NEGATIVE_INT.parse(text)
+    except SpecformerError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or auto, got {text!r}") from None
 
 
 def run_generate(args) -> int:

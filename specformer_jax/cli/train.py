@@ -128,8 +128,7 @@ def _write_draft_vocab(args, target, drafter) -> dict:
     held-out split of the drafter's eval_fraction left out); returns drafter.json's "draft_vocab"."""
     import dataclasses
 
-    from specformer_jax.checkpoints.drafter_io import save_drafter
-    from specformer_jax.modeling.drafter import DRAFT_VOCAB, split_draft_vocab
+    from specformer_jax.checkpoints.drafter_io import file_meta, save_drafter
     from specformer_jax.training.dataset import check_token_ids, load_records, split
     from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
 
@@ -146,8 +145,6 @@ def _write_draft_vocab(args, target, drafter) -> dict:
     vocab = draft_vocabulary(counts, args.size)
     meta = vocab_meta(counts, vocab, answer_token_counts(evals, size) if evals else None) | {
         "data": args.data, "made_from": str(args.drafter), "made_from_sha256": drafter.sha256}
-    kept = {k: v for k, v in drafter.meta.items() if k not in ("drafter", "target", "eval", "draft_vocab")}
     save_drafter(args.out, dataclasses.replace(drafter.cfg, draft_vocab_size=args.size),
-                 {**split_draft_vocab(drafter.params)[0], DRAFT_VOCAB: vocab}, target.cfg,
-                 meta=kept | {"draft_vocab": meta})
+                 drafter.params.replace(vocab=vocab), target.cfg, meta=file_meta(drafter.meta), vocab_meta=meta)
     return meta

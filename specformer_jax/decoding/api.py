@@ -1,6 +1,8 @@
 """`generate(model, prompts, ...)` and `generate_stream`: the decoding entry points of the Python API and the CLI.
-They check their arguments, place the model on a mesh, choose the draft length, run the requests on the engine
-(scheduler.py) and, when given a records store, fold what speculative decoding measured into it (records.py)."""
+They check their arguments, resolve the draft length to an int (the tuner choosing for "auto"), hold the model in
+its decoding layout (on a mesh when given one), make the plan, draft source and acceptance rule the engine is given,
+run the requests on the engine (scheduler.py) and, when given a records store, fold what speculative decoding
+measured into it (records.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +15,22 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
-from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED
+from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED, integer, is_int
 from specformer_jax.decoding.cost_model import DraftLenChoice
+from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
 from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan, make_plan
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.runner import DecodeRun
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
-from specformer_jax.decoding.speculative import law_accepted_length
-from specformer_jax.decoding.tuner import AutoDraftLen, check_draft_len, default_draft_len
+from specformer_jax.decoding.set_acceptance import SetAcceptance, law_accepted_length
+from specformer_jax.decoding.speculative import Verify
+from specformer_jax.decoding.tuner import AutoDraftLen, default_draft_len, drafter_acceptance
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.target import decoding_params
-from specformer_jax.parallel import AXES, make_mesh, param_shardings
+from specformer_jax.modeling.drafter import drafter_axes
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, check_drafter_fits, checked_target
+from specformer_jax.parallel import AXES, make_mesh, param_shardings, replicated
 
 
 @dataclasses.dataclass
@@ -43,22 +46,52 @@ class GenerationResult:
                 "stats": self.stats}
 
 
-def generate(model: LoadedTarget, prompts: Sequence[Prompt], **options) -> GenerationResult:
+def generate(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: int = 128, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8, chat: bool = True,
+             max_cache_len: int | None = None, progress: bool = False, drafter: LoadedDrafter | None = None,
+             draft_len: int | str | AutoDraftLen | None = None, schedule: str = "continuous",
+             chunk_rounds: int | None = None, mesh: Mesh | str | None = None, records: DecodeRecords | None = None,
+             set_acceptance: float | None = None) -> GenerationResult:
     """Decode every prompt (text, through the chat template unless chat=False, or token ids; ragged lengths are
-    fine) on a pool of `batch_size` slots, fully on the device; results in input order. Options: `generate_stream`.
+    fine) on a pool of `batch_size` slots, fully on the device; results in input order. `model`: what load_target
+    returns (its weights are converted to the decoding layout in place, once: LoadedTarget.use_decoding_layout).
 
     With a drafter, decoding is speculative: greedy gives the same tokens as without it, sampling the same
     distribution. Ctrl-C stops decoding at the next chunk boundary (raising scheduler.Interrupted, a
     KeyboardInterrupt that says how many prompts were done).
+
+    `max_new_tokens`: the answer's budget. `temperature` (0: greedy), `top_k` (0: off), `top_p`, `seed`: sampling;
+    a prompt's samples depend on the seed and its index, not on its batch. `batch_size`: slots of the pool (rows
+    decoded at once). `max_cache_len`: positions a row may use (default: the model's context length). `progress`:
+    a progress bar on stderr. `drafter`: a LoadedDrafter (load_drafter). `draft_len`: drafts per round, at most the
+    drafter's trained slots (default: all of them on an accelerator, 1 on a CPU; 0: plain decoding), or "auto" (an
+    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
+    costs and acceptance (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from the
+    queue at the next chunk boundary) or "static" (batches of `batch_size` prompts, each run until its slowest row
+    is done). `chunk_rounds`: rounds (plain steps or speculative rounds) the device runs between two looks of the
+    host, 1..max_new_tokens (default plan.CHUNK_ROUNDS). `mesh` (specformer_jax.parallel.make_mesh, or its spec such
+    as "data=4,tensor=2"): rows sharded over its batch axes, the model by its weights' logical axes; batch_size is
+    rounded up to a multiple of the batch axes. `records`: a DecodeRecords store that the call's measured
+    acceptance (and a static schedule's batch rounds) are folded into: what "auto" learns from. None: the call
+    records nothing, so it does not change a later choice. `set_acceptance` (a rate in [0, 1], speculative decoding
+    with a fixed draft_len): every round runs as usual, but each draft is accepted with this probability when the
+    ones before it were, instead of when the target agrees: the text is meaningless, the cost is that of a drafter
+    with this acceptance (set_acceptance.py). Such a call records nothing.
     """
-    return run_to_end(_decode(_prepare(model, prompts, **options), stream=False))
+    return run_to_end(_decode(_prepare(**locals()), stream=False))  # locals(): the arguments above, by name
 
 
-def generate_stream(model: LoadedTarget, prompts: Sequence[Prompt], **options) -> Iterator[tuple[int, list[int]]]:
-    """`generate` as an iterator: yields (prompt index, new token ids) as chunks of rounds finish, so text can be
-    shown as it is made; its return value (StopIteration.value) is the GenerationResult. The options are checked
-    (and --draft-len auto chosen) before this returns."""
-    return _decode(_prepare(model, prompts, **options), stream=True)
+def generate_stream(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: int = 128,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
+                    chat: bool = True, max_cache_len: int | None = None, progress: bool = False,
+                    drafter: LoadedDrafter | None = None, draft_len: int | str | AutoDraftLen | None = None,
+                    schedule: str = "continuous", chunk_rounds: int | None = None, mesh: Mesh | str | None = None,
+                    records: DecodeRecords | None = None,
+                    set_acceptance: float | None = None) -> Iterator[tuple[int, list[int]]]:
+    """`generate` as an iterator, with the same arguments: yields (prompt index, new token ids) as chunks of rounds
+    finish, so text can be shown as it is made; its return value (StopIteration.value) is the GenerationResult. The
+    arguments are checked (and --draft-len auto chosen) before this returns."""
+    return _decode(_prepare(**locals()), stream=True)  # locals(): the arguments above, by name
 
 
 @dataclasses.dataclass
@@ -69,8 +102,9 @@ class _Job:
     drafter: LoadedDrafter | None
     ids: list[list[int]]
     plan: DecodePlan
-    params: Any
-    dparams: Any
+    source: SpecformerDrafts | None  # the draft source (speculative plans)
+    accept: Verify | SetAcceptance
+    chunk_rounds: int
     row_keys: jax.Array
     pool_size: int
     schedule: str
@@ -78,51 +112,17 @@ class _Job:
     records: DecodeRecords | None
     progress: bool
     auto: DraftLenChoice | None
-    accept_rate: float | None = None
+    set_acceptance: float | None
 
 
-def _prepare(
-    model: LoadedTarget,
-    prompts: Sequence[Prompt],
-    *,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    batch_size: int = 8,
-    chat: bool = True,
-    max_cache_len: int | None = None,
-    progress: bool = False,
-    drafter: LoadedDrafter | None = None,
-    draft_len: int | str | AutoDraftLen | None = None,
-    schedule: str = "continuous",
-    chunk_rounds: int | None = None,
-    mesh: Mesh | str | None = None,
-    records: DecodeRecords | None = None,
-    set_acceptance: float | None = None,
-) -> _Job:
-    """The options of `generate`, checked:
-
-    `batch_size`: slots of the pool (rows decoded at once). `draft_len`: drafts per round, at most the drafter's
-    trained slots (default: all of them on an accelerator, 1 on a CPU; 0: plain decoding), or "auto" (an
-    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
-    costs and acceptance (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from
-    the queue at the next chunk boundary) or "static" (batches of `batch_size` prompts, each run until its slowest
-    row is done). `chunk_rounds`: rounds (plain steps or speculative rounds) the device runs between two looks of
-    the host (default plan.CHUNK_ROUNDS). `mesh` (specformer_jax.parallel.make_mesh, or its spec such as
-    "data=4,tensor=2"): rows sharded over its batch axes, the model by the logical-axis rules; batch_size is
-    rounded up to a multiple of the batch axes. `records`: a DecodeRecords store that the call's measured
-    acceptance (and a static schedule's batch rounds) are folded into: what "auto" learns from. None: the call
-    records nothing, so it does not change a later choice. `set_acceptance` (a rate in [0, 1], speculative decoding
-    with a fixed draft_len): every round runs as usual, but each draft is accepted with this probability when the
-    ones before it were, instead of when the target agrees: the text is meaningless, the cost is that of a drafter
-    with this acceptance (speculative.set_acceptance). Such a call records nothing.
-    """
-    prompts = checked_prompts(prompts)
+def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, batch_size, chat, max_cache_len,
+             progress, drafter, draft_len, schedule, chunk_rounds, mesh, records, set_acceptance) -> _Job:
+    """The arguments of `generate`, checked, and what they make: the model in its decoding layout, the plan, the
+    draft source and the acceptance rule."""
+    model, prompts = checked_target(model), checked_prompts(prompts)
     max_new_tokens, batch_size = POSITIVE_INT.check("max_new_tokens", max_new_tokens), POSITIVE_INT.check(
         "batch_size", batch_size)
-    chunk_rounds = CHUNK_ROUNDS if chunk_rounds is None else POSITIVE_INT.check("chunk_rounds", chunk_rounds)
+    chunk_rounds = _checked_chunk_rounds(chunk_rounds, max_new_tokens)
     if schedule not in SCHEDULES:
         raise SpecformerError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     sampling = SamplingConfig(temperature, top_k, top_p)
@@ -131,8 +131,8 @@ def _prepare(
         raise SpecformerError(f"records must be a DecodeRecords, got {type(records).__name__}")
     if drafter is not None:
         check_drafter_fits(drafter, model.cfg)
-    draft_len = check_draft_len(drafter, draft_len, records)
-    rate = _checked_rate(set_acceptance, drafter, draft_len)
+    draft_len = resolve_draft_len(drafter, draft_len, records)
+    rate = _checked_rate(set_acceptance, draft_len)
     mesh = _checked_mesh(mesh)
     ids = encode_prompts(model, prompts, chat)
     check_fits(ids, max_new_tokens, max_cache_len or model.cfg.max_position, "cache positions but the cache holds")
@@ -140,65 +140,92 @@ def _prepare(
     if mesh is not None:
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
         B = -(-B // rows) * rows
-    model = _decoding_layout(model, fuse=B == 1)
-    params, dparams = _placed(model, drafter, mesh)
+    model.use_decoding_layout(fuse=B == 1, mesh=mesh)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
-    k = default_draft_len(drafter) if draft_len is None and drafter is not None else draft_len or 0
-    plan = make_plan(model, drafter, k, sampling, max_new_tokens, chunk_rounds, rate is not None)
-    return _Job(model, drafter, ids, plan, params, dparams, row_keys, B, schedule, mesh, records, progress, auto, rate)
+    accept = Verify() if rate is None else SetAcceptance(jnp.float32(rate))
+    return _Job(model, drafter, ids, make_plan(model, draft_len, sampling, max_new_tokens),
+                _source(model, drafter, draft_len, mesh), accept if mesh is None else jax.device_put(
+                    accept, replicated(mesh)), chunk_rounds, row_keys, B, schedule, mesh, records, progress, auto, rate)
+
+
+def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
+                      ) -> int | AutoDraftLen:
+    """The drafts per round to decode with, checked before any compilation: an int (0: plain decoding; None gives
+    the default for this drafter and device), or, for "auto" or an AutoDraftLen, the tuner that chooses it for each
+    call (an AutoDraftLen over `records`)."""
+    if isinstance(draft_len, str) and draft_len == "auto":
+        draft_len = AutoDraftLen(records)
+    if isinstance(draft_len, AutoDraftLen):
+        if drafter is None:
+            return 0
+        drafter_acceptance(drafter)  # refused now when the drafter records none
+        return draft_len
+    if draft_len is None:
+        return default_draft_len(drafter) if drafter is not None else 0
+    if not is_int(draft_len) or draft_len < 0:
+        raise SpecformerError(f"draft_len must be a non-negative integer, \"auto\" or an AutoDraftLen, "
+                              f"got {draft_len!r}")
+    if drafter is None and draft_len:
+        raise SpecformerError(f"draft_len={draft_len} needs a drafter (drafter=load_drafter(path, model))")
+    if drafter is not None and draft_len > drafter.cfg.num_slots:
+        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {draft_len}")
+    return int(draft_len)
 
 
 def _decode(job: _Job, stream: bool):
     """Run a prepared call: yields (prompt index, new tokens) when `stream`; returns the GenerationResult."""
     with tqdm(total=len(job.ids), desc="specformer: decoding", unit="prompt", file=sys.stderr,
               disable=not job.progress) as bar:
-        run = yield from decode_requests(job.plan, job.params, job.dparams, job.ids, job.pool_size, job.row_keys,
-                                         schedule=job.schedule, mesh=job.mesh, stream=stream,
-                                         accept_rate=job.accept_rate, on_finished=lambda done: bar.update(done - bar.n))
+        run = yield from decode_requests(job.plan, job.model.params, job.source, job.ids, job.pool_size, job.row_keys,
+                                         accept=job.accept, chunk_rounds=job.chunk_rounds, schedule=job.schedule,
+                                         mesh=job.mesh, stream=stream,
+                                         on_finished=lambda done: bar.update(done - bar.n))
     plan, model = job.plan, job.model
-    stats = {**run.stats(), "batch_size": job.pool_size, "schedule": job.schedule, "chunk_rounds": plan.chunk_rounds,
+    stats = {**run.stats(), "batch_size": job.pool_size, "schedule": job.schedule, "chunk_rounds": job.chunk_rounds,
              "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype}
     if job.drafter is not None:
         stats["draft_len"] = plan.draft_len
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())
-    if plan.set_acceptance:
-        stats.update(set_acceptance=job.accept_rate,
-                     law_accepted_length=law_accepted_length(job.accept_rate, plan.draft_len))
-    if job.records is not None and plan.speculative and not plan.set_acceptance:
+    if job.set_acceptance is not None:
+        stats.update(set_acceptance=job.set_acceptance,
+                     law_accepted_length=law_accepted_length(job.set_acceptance, plan.draft_len))
+    elif job.records is not None and plan.speculative:
         _record(job.records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]
     return GenerationResult(texts, run.token_ids, stats)
 
 
-_LAYOUTS: dict[tuple[int, bool], tuple[LoadedTarget, LoadedTarget]] = {}  # (id(model), fuse) -> (model, converted)
+def _checked_chunk_rounds(chunk_rounds, max_new_tokens: int) -> int:
+    """R, 1..max_new_tokens: every live row emits a token a round, so a longer chunk only runs rounds after every
+    row is done (and a huge one would not return for hours, nor stop for Ctrl-C)."""
+    if chunk_rounds is None:
+        return CHUNK_ROUNDS
+    return integer(1, max_new_tokens, f"an integer in 1..max_new_tokens = 1..{max_new_tokens} (every row emits a "
+                                      "token a round)").check("chunk_rounds", chunk_rounds)
 
 
-def _decoding_layout(model: LoadedTarget, fuse: bool) -> LoadedTarget:
-    """The model with per-layer parameters (modeling/target.py, `decoding_params`): a step runs faster than under
-    the training layout's scan. `fuse` (a pool of one row): q/k/v and gate/up fused, fewer and larger matrix-vector
-    products. Converted once per model and layout: the last two are kept. A model already converted is used as is."""
-    if model.cfg.unroll_layers:
-        return model
-    held = _LAYOUTS.get((id(model), fuse))
-    if held is None or held[0] is not model:
-        cfg, params = decoding_params(model.cfg, model.params, fuse)
-        held = _LAYOUTS[(id(model), fuse)] = (model, dataclasses.replace(model, cfg=cfg, params=params))
-        while len(_LAYOUTS) > 2:
-            del _LAYOUTS[next(iter(_LAYOUTS))]
-    return held[1]
+def _source(model: LoadedTarget, drafter: LoadedDrafter | None, draft_len: int, mesh: Mesh | None):
+    """The drafter as the round's draft source (its parameters sharded over `mesh` by their logical axes), or None
+    for plain decoding."""
+    if not draft_len:
+        return None
+    params = drafter.params
+    if mesh is not None:
+        params = jax.device_put(params, param_shardings(params, drafter_axes(model.cfg, drafter.cfg), mesh))
+    return SpecformerDrafts(drafter.cfg, params)
 
 
-def _checked_rate(rate, drafter, draft_len) -> float | None:
+def _checked_rate(rate, draft_len: int | AutoDraftLen) -> float | None:
     if rate is None:
         return None
     rate = FRACTION.check("set_acceptance", rate)
-    if drafter is None or draft_len == 0 or isinstance(draft_len, AutoDraftLen):
+    if draft_len == 0 or isinstance(draft_len, AutoDraftLen):
         raise SpecformerError("set_acceptance needs speculative decoding with a fixed draft_len (a drafter and "
                               "draft_len >= 1, not auto)")
     return float(rate)
@@ -217,16 +244,6 @@ def _checked_mesh(mesh) -> Mesh | None:
         raise SpecformerError("mesh must have the axes data, fsdp and tensor: make it with "
                               "specformer_jax.parallel.make_mesh (or pass its spec, e.g. \"data=4,tensor=2\")")
     return mesh
-
-
-def _placed(model: LoadedTarget, drafter: LoadedDrafter | None, mesh: Mesh | None):
-    """(target params, drafter params or None), sharded over `mesh` by the logical-axis rules when one is given."""
-    params, dparams = model.params, drafter.params if drafter is not None else None
-    if mesh is not None:
-        params = jax.device_put(params, param_shardings(params, mesh))
-        if dparams is not None:
-            dparams = jax.device_put(dparams, param_shardings(dparams, mesh))
-    return params, dparams
 
 
 def _auto_choice(tuner: AutoDraftLen, model, drafter, batch_size: int, ids, max_new_tokens: int,

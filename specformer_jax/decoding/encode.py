@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import json
 import numbers
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import is_int
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text
+from specformer_jax.modeling.loaded import LoadedTarget
 
 Prompt = str | Sequence[int]  # text (tokenized, chat template unless chat=False) or token ids used as they are
 
 
 def checked_prompts(prompts) -> list:
-    """The prompts as a list; a single prompt passed bare (a string, or one list of ids) is refused, not split."""
-    if isinstance(prompts, (str, bytes)) or (isinstance(prompts, (list, tuple)) and prompts
-                                               and isinstance(prompts[0], numbers.Integral)):
+    """The prompts as a list; a single prompt passed bare (a string, one list of ids, or a {"prompt": ...} record)
+    is refused, not split, and so is a set (its order is arbitrary, so the results' would be too)."""
+    if isinstance(prompts, (str, bytes, Mapping)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                        and isinstance(prompts[0], numbers.Integral)):
         raise SpecformerError("prompts must be a list of prompts (text or token-id lists): wrap a single prompt "
                               "as [prompt]")
+    if isinstance(prompts, AbstractSet):
+        raise SpecformerError("prompts must be a list of prompts, got a set: its order is arbitrary, so the "
+                              "results' would be; pass a list")
     try:
         prompts = list(prompts)
     except TypeError:
@@ -91,6 +97,8 @@ def read_prompts_file(path: Path) -> list:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecformerError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if isinstance(rec, dict) and "prompt" in rec and "input_ids" in rec:
+            raise SpecformerError(f'{path}:{n}: give "prompt" or "input_ids", not both')
         if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
             prompts.append(rec["prompt"])
         elif isinstance(rec, dict) and isinstance(rec.get("input_ids"), list) and all(map(is_int, rec["input_ids"])):

@@ -1,13 +1,13 @@
 """`DecodePlan`: the static options of the engine's compiled functions (a change in any of them is another
-compilation), and what they imply: hooks, the draft function, the matmul precision."""
+compilation), and the matmul precision they imply. What drafts and what accepts come apart, as values the
+functions are given (draft_source.py, speculative.Verify); how many rounds a chunk runs is the chunk's own argument."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.config import TargetConfig
 from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import DraftFn, specformer_drafts
 
 CHUNK_ROUNDS = 8  # rounds per chunk by default (docs/decoding.md, "Chunks")
 
@@ -18,23 +18,11 @@ class DecodePlan:
     eos_ids: tuple[int, ...]
     sampling: SamplingConfig
     max_new_tokens: int  # N: the widest budget, the width of every row's output buffer
-    drafter: DrafterConfig | None = None  # None: plain decoding
-    draft_len: int = 0  # drafts per round k (1..drafter.num_slots) when speculative, else 0
-    chunk_rounds: int = CHUNK_ROUNDS  # R: rounds (plain steps or speculative rounds) per compiled chunk
-    drafts_from: DraftFn | None = None  # a draft function in place of the drafter's (tests: oracle drafts)
-    set_acceptance: bool = False  # cost measurement: acceptance drawn at the pool's accept_rate, not verified
+    draft_len: int = 0  # k: drafts per round (0: plain decoding)
 
     @property
     def speculative(self) -> bool:
-        return self.drafter is not None and self.draft_len > 0
-
-    @property
-    def hooks(self) -> tuple[int, ...]:
-        """The target hidden states the drafter reads (none for plain decoding)."""
-        return self.drafter.resolved_hooks(self.cfg) if self.speculative else ()
-
-    def draft_fn(self) -> DraftFn:
-        return self.drafts_from or specformer_drafts(self.cfg, self.drafter, self.draft_len)
+        return self.draft_len > 0
 
     @property
     def precision(self) -> str | None:
@@ -44,13 +32,6 @@ class DecodePlan:
         return "highest" if self.cfg.dtype == "float32" else None
 
 
-def make_plan(model, drafter, draft_len: int, sampling: SamplingConfig, max_new_tokens: int,
-              chunk_rounds: int = CHUNK_ROUNDS, set_acceptance: bool = False) -> DecodePlan:
-    """Plain decoding when there is no drafter or draft_len is 0, else speculative with draft_len drafts. model: a
-    LoadedTarget; drafter: a LoadedDrafter or None; set_acceptance: speculative plans only (see
-    speculative.set_acceptance; the rate is the pool's, so plans for different rates compile once)."""
-    speculative = drafter is not None and draft_len > 0
-    return DecodePlan(model.cfg, model.eos_ids, sampling, max_new_tokens, drafter.cfg if speculative else None,
-                      draft_len if speculative else 0, chunk_rounds, set_acceptance=set_acceptance and speculative)
-
-
+def make_plan(model, draft_len: int, sampling: SamplingConfig, max_new_tokens: int) -> DecodePlan:
+    """The plan for decoding with `model` (a LoadedTarget) with draft_len drafts per round (0: plain decoding)."""
+    return DecodePlan(model.cfg, model.eos_ids, sampling, max_new_tokens, draft_len)

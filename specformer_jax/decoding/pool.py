@@ -14,8 +14,7 @@ from flax import struct
 
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import is_eos, select_tokens
-from specformer_jax.decoding.speculative import choose_drafts, round_keys
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, draft_head_params, drafter_cache
+from specformer_jax.decoding.speculative import round_keys
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 
@@ -23,7 +22,7 @@ from specformer_jax.modeling.target import Target
 @struct.dataclass
 class Pool:
     cache: KVCache  # target, [L, P, Hkv, S, D]; lengths = tokens whose KV is kept (`last` is not among them yet)
-    dcache: KVCache | None  # the drafter's one-layer cache, same lengths (None: plain decoding)
+    draft_state: KVCache | None  # the draft source's (draft_source.py), same lengths (None: plain decoding)
     last: jax.Array  # int32[P]: the last emitted token, the next round's first input
     drafts: jax.Array  # int32[P, k]: the next round's drafts (k = 0: plain decoding)
     q: jax.Array  # float32[P, k, V]: the distribution each draft was drawn from ([P, k, 1] when greedy)
@@ -36,7 +35,6 @@ class Pool:
     row_emitted: jax.Array  # int32[P]: tokens those rounds emitted (the prefill's first token excluded)
     accepted: jax.Array  # int32[P, k]: rounds in which draft slot i was accepted
     rounds: jax.Array  # int32[]: rounds run with at least one live row
-    accept_rate: jax.Array  # float32[]: the set acceptance rate of plans with set_acceptance (run data, not compiled)
 
 
 def cache_len(plan: DecodePlan, prompt_tokens: int) -> int:
@@ -44,43 +42,44 @@ def cache_len(plan: DecodePlan, prompt_tokens: int) -> int:
     return prompt_tokens + plan.max_new_tokens + plan.draft_len + 1
 
 
-def empty_pool(plan: DecodePlan, pool_size: int, max_len: int) -> Pool:
-    """A pool of `pool_size` empty slots whose caches hold `max_len` positions."""
+def empty_pool(plan: DecodePlan, pool_size: int, max_len: int, source) -> Pool:
+    """A pool of `pool_size` empty slots whose caches hold `max_len` positions; source: the draft source of a
+    speculative plan (its state has a row per slot), else None."""
     P, k, N = pool_size, plan.draft_len, plan.max_new_tokens
     zeros = jnp.zeros((P,), jnp.int32)
     width = 1 if plan.sampling.greedy else plan.cfg.vocab_size
     return Pool(
         cache=target_cache(plan.cfg, P, max_len),
-        dcache=drafter_cache(plan.cfg, P, max_len) if plan.speculative else None,
+        draft_state=source.empty_state(plan, P, max_len) if plan.speculative else None,
         last=zeros, drafts=jnp.zeros((P, k), jnp.int32), q=jnp.zeros((P, k, width), jnp.float32),
         out=jnp.zeros((P, N), jnp.int32), num_out=zeros, budget=zeros, done=jnp.ones((P,), bool),
         keys=jax.random.split(jax.random.key(0), P), row_rounds=zeros, row_emitted=zeros,
-        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0), accept_rate=jnp.float32(0),
+        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0),
     )
 
 
-def insert(plan: DecodePlan, params, dparams, pool: Pool, prompts: jax.Array, lens: jax.Array, slots: jax.Array,
+def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, lens: jax.Array, slots: jax.Array,
            budget: jax.Array, keys: jax.Array) -> Pool:
     """Prefill b prompts (int32[b, Tp], right-padded; lens int32[b]) and write them into pool rows `slots` (int32[b];
     an index past the pool drops that row: how a block is padded), with their budgets and PRNG keys. Each row emits
-    its first token, and a speculative row gets its first drafts from the same forward."""
+    its first token, and a speculative row gets its first drafts from the same forward (source: the draft source
+    of a speculative plan, else None)."""
     b, Tp = prompts.shape
+    hooks = source.hooks(plan) if plan.speculative else ()
     with jax.named_scope("prefill"):
-        logits, cache, hidden = Target(plan.cfg, plan.hooks).apply(
+        logits, cache, hidden = Target(plan.cfg, hooks).apply(
             {"params": params}, prompts, target_cache(plan.cfg, b, Tp), lens, (lens - 1)[:, None])
     keys0 = round_keys(keys, jnp.zeros((b,), jnp.int32))
     first = select_tokens(logits[:, 0], keys0[:, 0], plan.sampling)
     put = lambda old, new: old.at[slots].set(new.astype(old.dtype), mode="drop")
     pool = pool.replace(cache=_write_rows(pool.cache, cache, slots, lens, Tp))
     if plan.speculative:
-        head = draft_head_params(plan.cfg, params, dparams)
         after = jnp.where(jnp.arange(Tp)[None, :] == (lens - 1)[:, None], first[:, None],
                           jnp.pad(prompts[:, 1:], ((0, 0), (0, 1))))  # the token after each prompt position
-        dlogits, dcache = plan.draft_fn()(dparams, head, hidden, drafter_cache(plan.cfg, b, Tp), lens,
-                                          (lens - 1)[:, None], after)
-        drafts, q = choose_drafts(dlogits, keys0[:, 2], plan.sampling, head.get(DRAFT_VOCAB), plan.cfg.vocab_size)
-        pool = pool.replace(dcache=_write_rows(pool.dcache, dcache, slots, lens, Tp), drafts=put(pool.drafts, drafts),
-                            q=put(pool.q, q))
+        drafts, q, state = source.bind(plan, params).draft(plan, hidden, source.empty_state(plan, b, Tp), lens,
+                                                           (lens - 1)[:, None], after, keys0[:, 2])
+        pool = pool.replace(draft_state=_write_rows(pool.draft_state, state, slots, lens, Tp),
+                            drafts=put(pool.drafts, drafts), q=put(pool.q, q))
     zeros = jnp.zeros((b,), jnp.int32)
     return pool.replace(
         last=put(pool.last, first),

@@ -22,11 +22,8 @@ from pathlib import Path
 import jax
 
 import pallas_kernels
-from specformer_jax.checkpoints.default import cache_dir
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
-from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.files import write_json
-from specformer_jax.modeling.drafter import split_draft_vocab
+from specformer_jax.files import cache_dir, write_json
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 FILE_NAME = "decode_records.json"
 TABLES = ("step_costs", "acceptance", "batch_rounds")
@@ -181,7 +178,7 @@ def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cach
 
 
 def _drafter_key(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> str:
-    weights, vocab = split_draft_vocab(drafter.params)
+    weights, vocab = drafter.params.weights, drafter.params.vocab
     digest = lambda x: hashlib.sha256(jax.device_get(x).tobytes()).hexdigest()
     return _hashed([_model(model), repr(drafter.cfg), drafter.meta.get("eval"), sampled,
                     digest(jax.tree.leaves(weights)[0])] + ([digest(vocab)] if vocab is not None else []))

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Callable
 
@@ -15,32 +17,38 @@ from specformer_jax.decoding.plan import DecodePlan
 
 
 class CompiledFunctions:
-    """Ahead-of-time compiled engine functions keyed by name, plan, argument shapes and mesh, so compile time is
-    measured apart and a second call with the same shapes starts at once. One per process (`COMPILED`)."""
+    """Ahead-of-time compiled engine functions, each identified by the function, its static arguments (the plan
+    first), the mesh and the shapes of its other arguments, so compile time is measured apart and a second call
+    with the same shapes starts at once. One per process (`COMPILED`), holding the `capacity` most recently used
+    (a long-lived process that decodes many models or shapes lets the old ones go)."""
 
-    def __init__(self):
-        self._cache: dict = {}
+    def __init__(self, capacity: int = 128):
+        self.capacity = capacity
+        self._cache: collections.OrderedDict = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._cache)
 
-    def count(self, name) -> int:
-        """How many `name` functions were compiled (for different plans or shapes)."""
-        return sum(key[0] == name for key in self._cache)
+    def count(self, fn: Callable) -> int:
+        """How many compilations of `fn` are held (for different plans, static arguments or shapes)."""
+        return sum(key[0] is fn for key in self._cache)
 
-    def get(self, name, plan: DecodePlan, fn: Callable, args: tuple, *, mesh=None, donate: tuple[int, ...] = (),
-            out_shardings=None) -> tuple[Callable, float]:
-        """(compiled fn for these args, seconds spent compiling it now: 0 when it was compiled before). `name` (any
-        hashable) tells functions apart, with whatever static sizes they close over."""
+    def get(self, fn: Callable, plan: DecodePlan, args: tuple, *, static: tuple = (), mesh=None,
+            donate: tuple[int, ...] = (), out_shardings=None) -> tuple[Callable, float]:
+        """(fn(plan, *static, *args) compiled for these args, seconds spent compiling it now: 0 when it was held)."""
         shapes = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args))
-        key = (name, plan, mesh, jax.tree.structure(args), shapes)
+        key = (fn, plan, static, mesh, jax.tree.structure(args), shapes)
         if key in self._cache:
+            self._cache.move_to_end(key)
             return self._cache[key], 0.0
         t = time.perf_counter()
         kw = {} if out_shardings is None else {"out_shardings": out_shardings}
         with jax.default_matmul_precision(plan.precision) if plan.precision else contextlib.nullcontext():
-            compiled = jax.jit(fn, donate_argnums=donate, **kw).lower(*args).compile()
+            compiled = jax.jit(functools.partial(fn, plan, *static), donate_argnums=donate, **kw).lower(
+                *args).compile()
         self._cache[key] = compiled
+        while len(self._cache) > self.capacity:
+            self._cache.popitem(last=False)
         return compiled, time.perf_counter() - t
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
-import functools
 import signal
 import threading
 import time
@@ -27,9 +25,10 @@ import numpy as np
 
 from specformer_jax.decoding import runner
 from specformer_jax.decoding.chunk import run_chunk
-from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan
 from specformer_jax.decoding.pool import Pool, cache_len, empty_pool, insert
 from specformer_jax.decoding.runner import DecodeRun
+from specformer_jax.decoding.speculative import Verify
 from specformer_jax.parallel import decode_state_shardings, replicated
 
 SCHEDULES = ("continuous", "static")
@@ -49,23 +48,19 @@ def bucket(n: int, size: int = PROMPT_BUCKET) -> int:
 
 
 class _Engine:
-    """The compiled functions of one plan, pool size and mesh, and the device state they pass along."""
+    """The compiled functions of one plan, draft source, acceptance rule, pool size and mesh, and the device state
+    they pass along."""
 
-    def __init__(self, plan: DecodePlan, params, dparams, pool_size: int, max_len: int, mesh, accept_rate=None):
-        self.plan, self.params, self.dparams, self.mesh = plan, params, dparams, mesh
+    def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh):
+        self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
+                                                                                  rounds, mesh)
         self.compile_seconds = 0.0
         self.shardings = None if mesh is None else decode_state_shardings(
-            jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len)), mesh)
-        make = self._compiled(("empty_pool", pool_size, max_len), lambda: empty_pool(plan, pool_size, max_len), ())
-        self.pool: Pool = make()
-        if accept_rate is not None:
-            rate = jnp.float32(accept_rate)
-            self.pool = self.pool.replace(accept_rate=rate if mesh is None else jax.device_put(rate, replicated(mesh)))
+            jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len, source)), mesh)
+        self.pool: Pool = self._compiled(empty_pool, (source,), static=(pool_size, max_len))(source)
 
-    def _compiled(self, name, fn, args, donate=()):
-        """The compiled fn; only the chunk depends on R, so the others are shared by plans that differ in R alone."""
-        plan = self.plan if name == "chunk" else dataclasses.replace(self.plan, chunk_rounds=0)
-        compiled, seconds = runner.COMPILED.get(name, plan, fn, args, mesh=self.mesh, donate=donate,
+    def _compiled(self, fn, args, static=(), donate=()):
+        compiled, seconds = runner.COMPILED.get(fn, self.plan, args, static=static, mesh=self.mesh, donate=donate,
                                                 out_shardings=self.shardings)
         self.compile_seconds += seconds
         return compiled
@@ -75,25 +70,27 @@ class _Engine:
         block = tuple(jnp.asarray(x) for x in block) + (keys,)
         if self.mesh is not None:
             block = jax.device_put(block, replicated(self.mesh))
-        args = (self.params, self.dparams, self.pool, *block)
-        fn = self._compiled("insert", functools.partial(insert, self.plan), args, donate=(2,))
-        self.pool = fn(*args)
+        args = (self.params, self.source, self.pool, *block)
+        self.pool = self._compiled(insert, args, donate=(2,))(*args)
 
     def chunk(self) -> None:
-        args = (self.params, self.dparams, self.pool)
-        self.pool = self._compiled("chunk", functools.partial(run_chunk, self.plan), args, donate=(2,))(*args)
+        args = (self.params, self.source, self.accept, self.pool)
+        self.pool = self._compiled(run_chunk, args, static=(self.rounds,), donate=(3,))(*args)
 
 
-def decode_requests(plan: DecodePlan, params, dparams, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
-                    schedule: str = "continuous", mesh=None, stream: bool = False, budgets: list[int] | None = None,
-                    accept_rate: float | None = None, on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
-    """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; keys: one PRNG key per
-    request; budgets: new tokens per request (default: plan.max_new_tokens, also the most allowed); accept_rate: the
-    rate of a plan with set_acceptance. Yields (request index, new tokens) at chunk boundaries when `stream`;
-    returns the DecodeRun. on_finished(number of requests done) is called when requests finish."""
+def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
+                    accept=Verify(), chunk_rounds: int = CHUNK_ROUNDS, schedule: str = "continuous", mesh=None,
+                    stream: bool = False, budgets: list[int] | None = None,
+                    on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
+    """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; source: the draft source of
+    a speculative plan (draft_source.py), else None; accept: the acceptance rule (speculative.Verify, or
+    set_acceptance.SetAcceptance to measure costs); keys: one PRNG key per request; budgets: new tokens per request
+    (default: plan.max_new_tokens, also the most allowed); chunk_rounds: rounds per chunk. Yields (request index,
+    new tokens) at chunk boundaries when `stream`; returns the DecodeRun. on_finished(number of requests done) is
+    called when requests finish."""
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
     max_len = cache_len(plan, bucket(max(map(len, ids))))
-    engine = _Engine(plan, params, dparams, pool_size, max_len, mesh, accept_rate)
+    engine = _Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
                     plain_steps=0 if schedule == "static" else None)
     queue = collections.deque(range(len(ids)))
@@ -109,7 +106,7 @@ def decode_requests(plan: DecodePlan, params, dparams, ids: list[list[int]], poo
                 taken = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 _refill(engine, ids, budgets, keys, taken, free, slot_req)
             engine.chunk()
-            run.rounds_run += plan.chunk_rounds
+            run.rounds_run += chunk_rounds
             done, num_out = jax.device_get((engine.pool.done, engine.pool.num_out))
             if stream:
                 t = time.perf_counter()

@@ -1,5 +1,6 @@
-"""The math of a speculative round: drafting with a SpecFormer drafter, choosing drafts, and verifying them against
-the target (greedy, and lossless sampling). The round itself runs in chunk.py.
+"""The math of a speculative round: choosing drafts from draft logits and verifying them against the target
+(greedy, and lossless sampling), the acceptance rule a round is given by default (`Verify`). The round itself runs
+in chunk.py, its drafts come from a draft source (draft_source.py).
 
 Each round feeds every row [x, d_1..d_k] (x: the last emitted token, not yet in the caches; d: drafts) through ONE
 target forward that also returns the hooked hidden states, and the drafter's context layer over the same tokens.
@@ -10,32 +11,11 @@ drafts come from the drafter's slots at the row's last accepted position of this
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits, select_tokens
-from specformer_jax.modeling.drafter import Drafter, draft_logits, next_token_embedding, split_draft_vocab
-
-# (drafter params, draft head params (draft_head_params), hidden {hook: [B, T, d]}, drafter cache, num_new [B],
-#  slots_at [B, 1], next_tokens [B, T]: the token after each new position, known when drafting for the kept ones)
-#   -> (draft logits float32[B, k, V'] over the draft vocabulary (draft_logits), drafter cache)
-DraftFn = Callable
-
-
-def specformer_drafts(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, num_slots: int) -> DraftFn:
-    """The SpecFormer drafter as a draft function: logits of its first k slots at one position per row."""
-
-    def draft(dparams, head_params, hidden, dcache, num_new, slots_at, next_tokens):
-        next_embed = next_token_embedding(head_params, next_tokens) if drafter_cfg.reads_next_tokens else None
-        states, dcache = Drafter(target_cfg, drafter_cfg).apply(
-            {"params": split_draft_vocab(dparams)[0]}, hidden, dcache, num_new, slots_at, num_slots, next_embed
-        )
-        return draft_logits(target_cfg, head_params, states[:, 0]), dcache  # [B, k, V']
-
-    return draft
+from specformer_jax.decoding.sampling import SamplingConfig, process_logits
 
 
 def round_keys(keys: jax.Array, rounds: jax.Array) -> jax.Array:
@@ -93,18 +73,11 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig):
     return n, final.astype(jnp.int32)
 
 
-def set_acceptance(logits, keys, k: int, rate, sampling: SamplingConfig):
-    """(n, final) of a round whose acceptance is set instead of measured, for cost measurements: draft i is accepted
-    with probability `rate` when the ones before it were (from the row's accept key), and final is the target's
-    token after the n accepted ones, as in a real round (its argmax, or drawn from it when sampling). The caches
-    then hold exactly the emitted tokens, so real rounds can follow."""
-    u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(keys[:, 0])
-    n = leading(u < rate)
-    at_n = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]  # [B, V]
-    return n, select_tokens(at_n, keys[:, 1], sampling)
+@struct.dataclass
+class Verify:
+    """The acceptance rule of decoding: the target verifies the drafts (`verify`). Rules are pytrees the round is
+    given (measurement has its own, set_acceptance.py), so the round has no branch for them."""
 
-
-def law_accepted_length(rate: float, k: int) -> float:
-    """Expected tokens a round emits when each draft is accepted with probability `rate` given the ones before it:
-    1 + rate + ... + rate^k."""
-    return sum(rate**i for i in range(k + 1))
+    def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig):
+        """(n, final): accepted leading drafts per row and the token emitted after them."""
+        return verify(logits, drafts, q, keys, sampling)

@@ -10,12 +10,12 @@ import sys
 import jax
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
-from specformer_jax.checkpoints.loader import LoadedTarget
+from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.plan import DecodePlan, make_plan
 from specformer_jax.decoding.runner import DecodeRun
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 
 def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
@@ -28,7 +28,7 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
     no_eos = dataclasses.replace(model, eos_ids=())
     prompt_len = max(1, cache_len - new_tokens // 2)
     prompts = [[(31 * i + 7 * r + 1) % model.cfg.vocab_size for i in range(prompt_len)] for r in range(batch_size)]
-    plans = [make_plan(no_eos, drafter, k, SamplingConfig(), new_tokens) for k in range(drafter.cfg.num_slots + 1)]
+    plans = [make_plan(no_eos, k, SamplingConfig(), new_tokens) for k in range(drafter.cfg.num_slots + 1)]
     bar = tqdm(total=2 * len(plans), desc=f"draft-len auto: timing decoding at batch {batch_size}",
                unit="step", file=sys.stderr, disable=not progress)  # compile each engine, then time it
     with bar:
@@ -45,5 +45,6 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
 def _run(plan: DecodePlan, model, drafter, prompts, budget: int | None = None) -> DecodeRun:
     """Every prompt in one static batch (with a budget of `budget` tokens each: a short run that compiles)."""
     keys = jax.random.split(jax.random.key(0), len(prompts))
-    return run_to_end(decode_requests(plan, model.params, drafter.params, prompts, len(prompts), keys,
-                                      schedule="static", budgets=None if budget is None else [budget] * len(prompts)))
+    source = SpecformerDrafts(drafter.cfg, drafter.params) if plan.speculative else None
+    return run_to_end(decode_requests(plan, model.params, source, prompts, len(prompts), keys, schedule="static",
+                                      budgets=None if budget is None else [budget] * len(prompts)))

@@ -1,5 +1,6 @@
-"""How many drafts per round: the default, the check of a requested number, and `AutoDraftLen`, the tuner behind
-`--draft-len auto` (cost_model.py holds the model it predicts with, records.py what it learns from)."""
+"""How many drafts per round when none is asked for, and `AutoDraftLen`, the tuner behind `--draft-len auto`
+(cost_model.py holds the model it predicts with, records.py what it learns from). The draft length a call asks for is
+resolved once, in api.py (`resolve_draft_len`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from typing import Callable
 
 import jax
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter
-from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.checks import NON_NEGATIVE, is_int
+from specformer_jax.checks import NON_NEGATIVE
 from specformer_jax.decoding import cost_model
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.timing import measure_costs
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 
 def default_draft_len(drafter: LoadedDrafter) -> int:
@@ -64,25 +64,3 @@ class AutoDraftLen:
             self.records.add_step_costs(model, drafter, batch_size, cache_len, costs)
         batches = self.records.batch_rounds(model, drafter, sampled, batch_size) if schedule == "static" else {}
         return cost_model.predict(costs, acceptance, source, batches, self.margin)
-
-
-def check_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
-                    ) -> int | AutoDraftLen | None:
-    """A draft length this drafter can decode with, checked before any compilation: None (the default), an integer
-    in 0..slots, or an AutoDraftLen; "auto" is an AutoDraftLen over `records`."""
-    if isinstance(draft_len, str) and draft_len == "auto":
-        draft_len = AutoDraftLen(records)
-    if isinstance(draft_len, AutoDraftLen):
-        if drafter is not None:
-            drafter_acceptance(drafter)
-        return draft_len if drafter is not None else 0
-    if draft_len is None:
-        return None
-    if not is_int(draft_len) or draft_len < 0:
-        raise SpecformerError(f"draft_len must be a non-negative integer, \"auto\" or an AutoDraftLen, "
-                              f"got {draft_len!r}")
-    if drafter is None and draft_len:
-        raise SpecformerError(f"draft_len={draft_len} needs a drafter (drafter=load_drafter(path, model))")
-    if drafter is not None and draft_len > drafter.cfg.num_slots:
-        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {draft_len}")
-    return int(draft_len)

@@ -12,17 +12,29 @@ Slot i at position t predicts token t + 2 + i: the target itself already predict
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from flax import struct
 
 from pallas_kernels import ragged_attention_reference
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, rope
+from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope
 from specformer_jax.modeling.target import Attention, Target
+
+
+@struct.dataclass
+class DrafterParams:
+    """A drafter's parameters: the weights of the `Drafter` module and, for a drafter with a reduced draft vocabulary
+    (DrafterConfig.draft_vocab_size), the token ids it drafts over. A pytree: what training, the files and the
+    engine pass along."""
+
+    weights: dict  # the Drafter module's "params"
+    vocab: jax.Array | None = None  # int32[V']: the draft vocabulary's token ids, ascending; None: the whole vocabulary
 
 
 def drafter_cache(target: TargetConfig, batch: int, max_len: int) -> KVCache:
@@ -42,17 +54,17 @@ class SlotAttention(nn.Module):
         *lead, K, d = x.shape
         x = x.reshape(-1, K, d)
         N = x.shape[0]
-        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=t.dtype, param_dtype=t.dtype, name=name)
-        q = dense(t.num_heads * t.head_dim, "q")(x).reshape(N, K, t.num_heads, t.head_dim)
-        k = dense(t.num_kv_heads * t.head_dim, "k")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
-        v = dense(t.num_kv_heads * t.head_dim, "v")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
+        proj = lambda n, axes, name: dense(n, t.dtype, axes, name=name)
+        q = proj(t.num_heads * t.head_dim, ("embed", "heads"), "q")(x).reshape(N, K, t.num_heads, t.head_dim)
+        k = proj(t.num_kv_heads * t.head_dim, ("embed", "kv_heads"), "k")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
+        v = proj(t.num_kv_heads * t.head_dim, ("embed", "kv_heads"), "v")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
         if self.causal:  # the released code's variant: RoPE over slot positions 0..K-1
             pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (N, K))
             inv_freq = t.rope.inv_freq(t.head_dim)
             q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
         full = jnp.full((N,), K, jnp.int32)
         o = ragged_attention_reference(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), full, causal=self.causal)
-        return dense(d, "o")(o.reshape(N, K, -1)).reshape(*lead, K, d)
+        return proj(d, ("heads", "embed"), "o")(o.reshape(N, K, -1)).reshape(*lead, K, d)
 
 
 class Drafter(nn.Module):
@@ -62,27 +74,26 @@ class Drafter(nn.Module):
     def setup(self):
         t, c = self.target, self.cfg
         norm = lambda: RMSNorm(t.rms_norm_eps, t.dtype)
-        dense = lambda n, bias: nn.Dense(n, use_bias=bias, dtype=t.dtype, param_dtype=t.dtype)
         self.hooks = c.resolved_hooks(t)
         self.hook_norms = [norm() for _ in self.hooks]
         if c.context_token_input:
             self.context_next_norm = norm()
-        self.fuse = dense(t.hidden_size, False)
+        self.fuse = dense(t.hidden_size, t.dtype, (None, "embed"))
         self.context_norm = norm()
         # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code),
         # and separate q/k/v whatever the target's parameter layout: the drafter's parameters keep one layout.
         self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None,
                                                           fuse_projections=False))
         self.expand_norm = norm()
-        self.expand = dense(c.num_slots * t.hidden_size, True)  # the bias acts as a learned per-slot embedding
+        # the bias acts as a learned per-slot embedding
+        self.expand = dense(c.num_slots * t.hidden_size, t.dtype, ("embed", None), bias=True)
         self.slot_norm = norm()
         self.slot_attn = SlotAttention(t, causal=c.slot_attention == "causal")
         self.ffn_norm = norm()
         self.ffn = SwiGLU(t.hidden_size, c.intermediate_size or t.intermediate_size, t.dtype)
         if c.next_token_input:  # zero-initialised: starts as the paper's drafter (and continues one exactly)
             self.next_norm = norm()
-            self.next_proj = nn.Dense(t.hidden_size, use_bias=False, dtype=t.dtype, param_dtype=t.dtype,
-                                      kernel_init=nn.initializers.zeros)
+            self.next_proj = dense(t.hidden_size, t.dtype, (None, "embed"), kernel_init=nn.initializers.zeros)
 
     def __call__(
         self,
@@ -90,7 +101,7 @@ class Drafter(nn.Module):
         cache: KVCache,  # the drafter's one-layer cache
         num_new: jax.Array | None = None,  # int32[B]: real new tokens per row; default T
         slots_at: jax.Array | None = None,  # int32[B, P]: positions to draft from; default all T
-        num_slots: int | None = None,  # k <= K slots to keep (inference may use fewer than trained)
+        draft_len: int | None = None,  # k <= K slots to keep (decoding may draft fewer than were trained)
         next_embed: jax.Array | None = None,  # [B, T, d]: target embedding of the token after each new position
     ):
         """Returns (slot states [B, P, k, d] before the target's final norm + LM head, updated cache)."""
@@ -101,7 +112,7 @@ class Drafter(nn.Module):
             h = jnp.take_along_axis(h, slots_at[:, :, None], axis=1)
             if next_embed is not None:
                 next_embed = jnp.take_along_axis(next_embed, slots_at[:, :, None], axis=1)
-        return self.slots(h, num_slots, next_embed), cache
+        return self.slots(h, draft_len, next_embed), cache
 
     def context(self, hidden, cache: KVCache, num_new=None, next_embed=None):
         """Fuse the hooked states (and with context_token_input the next tokens' embeddings [B, T, d]) and run the
@@ -121,29 +132,25 @@ class Drafter(nn.Module):
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return x + a, KVCache(k, v, cache.lengths + added)
 
-    def slots(self, h, num_slots=None, next_embed=None):
+    def slots(self, h, draft_len=None, next_embed=None):
         """Expand each position into K slots and run the slot encoder layer: [..., d] -> [..., k, d]."""
         t, K = self.target, self.cfg.num_slots
         if self.cfg.next_token_input:
             h = h + self.next_proj(self.next_norm(next_embed.astype(h.dtype)))
         m = self.expand(self.expand_norm(h)).reshape(*h.shape[:-1], K, t.hidden_size)
         m = m + self.slot_attn(self.slot_norm(m))  # all K slots attend, so truncating afterwards stays consistent
-        m = m[..., : num_slots or K, :]
+        m = m[..., : draft_len or K, :]
         return m + self.ffn(self.ffn_norm(m))
+
+
+def apply_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, params: DrafterParams, *args, **kwargs):
+    """`Drafter(target_cfg, cfg)` applied with the weights of `params` (the call's arguments as Drafter's)."""
+    return Drafter(target_cfg, cfg).apply({"params": params.weights}, *args, **kwargs)
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
     """The target's (frozen) input embedding of the token after each drafting position: int32[...] -> [..., d]."""
     return jnp.take(target_params["embed"]["embedding"], next_tokens, axis=0)
-
-
-DRAFT_VOCAB = "draft_vocab"  # the parameter holding a reduced draft vocabulary's token ids, int32[V']
-
-
-def split_draft_vocab(dparams) -> tuple[dict, jax.Array | None]:
-    """(the drafter's weights, its draft vocabulary's token ids or None) from its parameters."""
-    weights = {k: v for k, v in dparams.items() if k != DRAFT_VOCAB}
-    return weights, dparams.get(DRAFT_VOCAB)
 
 
 def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None):
@@ -163,40 +170,70 @@ def _draft_head_dtype(target_cfg: TargetConfig) -> str:
     return target_cfg.dtype if jax.default_backend() == "cpu" else "bfloat16"
 
 
-def draft_head_params(target_cfg: TargetConfig, target_params, dparams=None):
-    """The target's final norm and LM head for drafting (restricted to the drafter's draft vocabulary when `dparams`
-    hold one, which then rides along), the head matrix in `_draft_head_dtype`; the input embedding too (the tokens
-    a drafter reads).
+@struct.dataclass
+class DraftHead:
+    """The target's final norm and LM head as drafting uses them (`draft_head`)."""
+
+    params: dict  # final_norm; the head matrix (lm_head, or the tied embed) over the draft vocabulary; embed
+    vocab: jax.Array | None  # int32[V']: the token of each logit; None: logit i is token i
+
+
+def draft_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None = None) -> DraftHead:
+    """The target's final norm and LM head for drafting, restricted to the draft vocabulary `vocab` (a drafter's
+    DrafterParams.vocab) when there is one, the head matrix in `_draft_head_dtype`; the input embedding too (the
+    tokens a drafter reads).
 
     Drafting reads the head's matrix (V or V' rows) once more per round; in bfloat16 that read costs half. Drafts only
     need the logits' ranking (and, when sampling, verification uses the distribution they were actually drawn
     from), so the output stays exactly the target's.
     """
     dtype = _draft_head_dtype(target_cfg)
-    vocab = None if dparams is None else split_draft_vocab(dparams)[1]
     _, reduced = vocab_head(target_cfg, target_params, vocab)
-    head = {"final_norm": target_params["final_norm"]} | ({DRAFT_VOCAB: vocab} if vocab is not None else {})
+    head = {"final_norm": target_params["final_norm"]}
     for name in ("embed", "lm_head"):
         if name in reduced or name in target_params:
             head[name] = jax.tree.map(lambda w: w.astype(dtype), reduced.get(name, target_params.get(name)))
-    return head
+    return DraftHead(head, vocab)
 
 
-def draft_logits(target_cfg: TargetConfig, head_params, slot_states: jax.Array) -> jax.Array:
-    """Final norm + LM head (params from draft_head_params) on drafter slot states: float32 logits over the draft
-    vocabulary (position i: token head_params["draft_vocab"][i] when there is one, else token i)."""
+def draft_logits(target_cfg: TargetConfig, head: DraftHead, slot_states: jax.Array) -> jax.Array:
+    """Final norm + LM head (`draft_head`) on drafter slot states: float32 logits over the draft vocabulary (position
+    i: token head.vocab[i] when there is one, else token i)."""
     cfg = dataclasses.replace(target_cfg, dtype=_draft_head_dtype(target_cfg))
-    if DRAFT_VOCAB in head_params:
-        cfg = dataclasses.replace(cfg, vocab_size=head_params[DRAFT_VOCAB].shape[0], tie_embeddings=False)
-    params = {k: v for k, v in head_params.items() if k != DRAFT_VOCAB}
-    return Target(cfg).apply({"params": params}, slot_states.astype(cfg.dtype), method=Target.head)
+    if head.vocab is not None:
+        cfg = dataclasses.replace(cfg, vocab_size=head.vocab.shape[0], tie_embeddings=False)
+    return Target(cfg).apply({"params": head.params}, slot_states.astype(cfg.dtype), method=Target.head)
 
 
-def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array):
-    """Fresh drafter parameters (shapes only depend on the configs)."""
-    hooks = cfg.resolved_hooks(target_cfg)
-    hidden = {i: jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype) for i in hooks}
+def _init(target_cfg: TargetConfig, cfg: DrafterConfig, key: jax.Array) -> dict:
+    """`Drafter.init`'s weights from `key`, each boxed with its logical axes."""
+    hidden = {i: jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype) for i in cfg.resolved_hooks(target_cfg)}
     next_embed = jnp.zeros((1, 2, target_cfg.hidden_size), target_cfg.dtype)
-    init = jax.jit(lambda key: Drafter(target_cfg, cfg).init(key, hidden, drafter_cache(target_cfg, 1, 2),
-                                                             next_embed=next_embed)["params"])
-    return init(rng)  # compiled: op by op, Flax's init runs several times slower
+    return Drafter(target_cfg, cfg).init(key, hidden, drafter_cache(target_cfg, 1, 2), next_embed=next_embed)["params"]
+
+
+def _boxed_weights(target_cfg: TargetConfig, cfg: DrafterConfig):
+    return jax.eval_shape(lambda: _init(target_cfg, cfg, jax.random.key(0)))
+
+
+@functools.lru_cache(maxsize=16)
+def drafter_shapes(target_cfg: TargetConfig, cfg: DrafterConfig) -> DrafterParams:
+    """ShapeDtypeStructs of the parameters of a drafter with `cfg` on a target with `target_cfg`."""
+    vocab = None if cfg.draft_vocab_size is None else jax.ShapeDtypeStruct((cfg.draft_vocab_size,), jnp.int32)
+    return DrafterParams(nn.unbox(_boxed_weights(target_cfg, cfg)), vocab)
+
+
+@functools.lru_cache(maxsize=16)
+def drafter_axes(target_cfg: TargetConfig, cfg: DrafterConfig) -> DrafterParams:
+    """The logical axes of a drafter's parameters (PartitionSpecs of axis names); the draft vocabulary is never
+    split."""
+    vocab = None if cfg.draft_vocab_size is None else jax.sharding.PartitionSpec(None)
+    return DrafterParams(logical_axes(_boxed_weights(target_cfg, cfg)), vocab)
+
+
+def init_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, rng: jax.Array,
+                 vocab: jax.Array | None = None) -> DrafterParams:
+    """Fresh drafter parameters (shapes only depend on the configs), with the draft vocabulary `vocab` (int32[V'],
+    for a cfg with draft_vocab_size)."""
+    weights = jax.jit(lambda key: nn.unbox(_init(target_cfg, cfg, key)))(rng)  # op by op, init runs several x slower
+    return DrafterParams(weights, None if vocab is None else jnp.asarray(vocab, jnp.int32))

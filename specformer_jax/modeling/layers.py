@@ -1,4 +1,6 @@
-"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU."""
+"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU, and dense layers whose weights
+declare their logical sharding axes where they are declared (`with_axes`, `dense`; parallel.py maps the axes to a
+mesh: batch, embed, heads, kv_heads, mlp, vocab, or None for a dimension that is never split)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from jax.sharding import PartitionSpec
+
+
+def with_axes(init, *axes: str | None):
+    """The initializer `init` for a weight whose dimensions have these logical axes: `Module.init` returns the
+    weight boxed with them (flax's LogicallyPartitioned), `logical_axes` reads them back."""
+    return nn.with_logical_partitioning(init, axes)
+
+
+def dense(features: int, dtype, axes: tuple, *, bias: bool = False, name: str | None = None,
+          kernel_init=nn.linear.default_kernel_init) -> nn.Dense:
+    """nn.Dense in `dtype` whose kernel [in, features] has the logical axes `axes` (its bias the last one)."""
+    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name,
+                    kernel_init=with_axes(kernel_init, *axes),
+                    bias_init=with_axes(nn.initializers.zeros_init(), *axes[-1:]))
+
+
+def logical_axes(boxed) -> dict:
+    """The logical axes of every weight of an `init`'s output (boxed by `with_axes`), as PartitionSpecs of axis
+    names. A weight declared without them is an error: sharding it would mean guessing."""
+
+    def one(path, leaf):
+        if not isinstance(leaf, nn.LogicallyPartitioned):
+            raise ValueError(f"weight {jax.tree_util.keystr(path)} declares no logical axes (modeling/layers.py, "
+                             "with_axes)")
+        return PartitionSpec(*leaf.names)
+
+    return jax.tree_util.tree_map_with_path(one, boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 class RMSNorm(nn.Module):
@@ -14,7 +44,7 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        scale = self.param("scale", with_axes(nn.initializers.ones, None), (x.shape[-1],), self.dtype)
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return scale * x32.astype(x.dtype)
@@ -39,11 +69,12 @@ class SwiGLU(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name=name)
         if self.fused:
             gate_up = nn.DenseGeneral((2, self.intermediate), use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                                      kernel_init=with_axes(nn.linear.default_kernel_init, "embed", None, "mlp"),
                                       name="gate_up")(x)
             gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
         else:
-            gate, up = dense(self.intermediate, "gate")(x), dense(self.intermediate, "up")(x)
-        return dense(self.hidden, "down")(nn.silu(gate) * up)
+            gate = dense(self.intermediate, self.dtype, ("embed", "mlp"), name="gate")(x)
+            up = dense(self.intermediate, self.dtype, ("embed", "mlp"), name="up")(x)
+        return dense(self.hidden, self.dtype, ("mlp", "embed"), name="down")(nn.silu(gate) * up)

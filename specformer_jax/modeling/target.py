@@ -12,6 +12,7 @@ before its matmuls; separate per-layer arrays are read in place, which matters w
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +20,8 @@ from flax import linen as nn
 
 from pallas_kernels import ragged_attention
 from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.kv_cache import KVCache, write_tokens
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, rope
-
-
-def _dense(features, cfg: TargetConfig, name, bias=False):
-    return nn.Dense(features, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.dtype, name=name)
+from specformer_jax.modeling.kv_cache import KVCache, target_cache, write_tokens
+from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
 
 
 def _project_qkv(cfg: TargetConfig, x):
@@ -36,10 +33,13 @@ def _project_qkv(cfg: TargetConfig, x):
     if cfg.fuse_projections:
         G = H // Hkv
         qkv = nn.DenseGeneral((Hkv, G + 2, D), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.dtype,
+                              kernel_init=with_axes(nn.linear.default_kernel_init, "embed", "kv_heads", None, None),
+                              bias_init=with_axes(nn.initializers.zeros_init(), "kv_heads", None, None),
                               name="qkv")(x)
         return qkv[..., :G, :].reshape(B, T, H, D), qkv[..., G, :], qkv[..., G + 1, :]
-    project = lambda name, heads: _dense(heads * D, cfg, name, cfg.qkv_bias)(x).reshape(B, T, heads, D)
-    return project("q", H), project("k", Hkv), project("v", Hkv)
+    project = lambda name, heads, axis: dense(heads * D, cfg.dtype, ("embed", axis), bias=cfg.qkv_bias,
+                                              name=name)(x).reshape(B, T, heads, D)
+    return project("q", H, "heads"), project("k", Hkv, "kv_heads"), project("v", Hkv, "kv_heads")
 
 
 class Attention(nn.Module):
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         v_all = write_tokens(v_all, layer, v, start)
         o = ragged_attention(q, k_all[layer], v_all[layer], kv_len, causal=True, sliding_window=cfg.sliding_window,
                              impl=cfg.attention_impl)
-        return _dense(cfg.hidden_size, cfg, "o")(o.reshape(B, T, -1)), k_all, v_all
+        return dense(cfg.hidden_size, cfg.dtype, ("heads", "embed"), name="o")(o.reshape(B, T, -1)), k_all, v_all
 
 
 class DecoderLayer(nn.Module):
@@ -97,7 +97,8 @@ class Target(nn.Module):
         cfg = self.cfg
         self._hooks = tuple(cfg.hook_index(i) for i in self.hooks)
         self._inner = tuple(i for i in self._hooks if 0 < i < cfg.num_layers)
-        self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.dtype)
+        self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.dtype,
+                              embedding_init=with_axes(nn.linear.default_embed_init, "vocab", "embed"))
         if cfg.unroll_layers:
             self.layers = [DecoderLayer(cfg, ()) for _ in range(cfg.num_layers)]  # params "layers_0", "layers_1", ...
         else:
@@ -107,10 +108,11 @@ class Target(nn.Module):
                 split_rngs={"params": True},
                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: None},  # the stacked layers' axis is never split
             )(cfg, self._inner)
         self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = _dense(cfg.vocab_size, cfg, None)
+            self.lm_head = dense(cfg.vocab_size, cfg.dtype, ("embed", "vocab"))
 
     def __call__(
         self,
@@ -162,22 +164,48 @@ class Target(nn.Module):
         return self.logits(self.final_norm(x))
 
 
+def _boxed_params(cfg: TargetConfig):
+    """The parameters `Target(cfg).init` makes, as shapes, each boxed with its logical axes."""
+    cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
+    return jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
+
+
+@functools.lru_cache(maxsize=16)
+def target_shapes(cfg: TargetConfig) -> dict:
+    """ShapeDtypeStructs of the parameters of a target with `cfg`, in cfg's layout."""
+    return nn.unbox(_boxed_params(cfg))
+
+
+@functools.lru_cache(maxsize=16)
+def target_axes(cfg: TargetConfig) -> dict:
+    """The logical axes of the parameters of a target with `cfg` (PartitionSpecs of axis names), in cfg's layout."""
+    return logical_axes(_boxed_params(cfg))
+
+
+def init_target(cfg: TargetConfig, rng: jax.Array) -> dict:
+    """Fresh target parameters drawn by the model's own initialisers, compiled (op by op, init is slow)."""
+    cache = target_cache(cfg, 1, 2)
+    return jax.jit(lambda key: nn.unbox(Target(cfg).init(key, jnp.zeros((1, 2), jnp.int32), cache)["params"]))(rng)
+
+
 def decoding_params(cfg: TargetConfig, params, fuse: bool = False) -> tuple[TargetConfig, dict]:
-    """(config, parameters) in the decoding layout, from the stacked layout that checkpoints and training use:
-    per-layer parameters "layers_{i}" (cfg.unroll_layers); with `fuse`, q/k/v fused into "qkv" and gate/up into
-    "gate_up" (cfg.fuse_projections). Fusing pays where a step's matmuls are matrix-vector products (one row of one
-    token); on a CPU with few cores, wider steps run faster unfused (XLA runs independent matmuls side by side).
-    The embedding, final norm and LM head are kept as they are (the drafter reads them); the layer weights are
-    copied, so call this once per model, on the loaded arrays (not inside a compiled step, which would copy the
-    slices at every call) and before placing them on a mesh. A config already in the requested layout comes back
-    unchanged."""
+    """(config, parameters) in a decoding layout: per-layer parameters "layers_{i}" (cfg.unroll_layers); with `fuse`,
+    q/k/v fused into "qkv" and gate/up into "gate_up" (cfg.fuse_projections). From the stacked layout of checkpoints
+    and training, or from the other decoding layout. Fusing pays where a step's matmuls are matrix-vector products
+    (one row of one token); on a CPU with few cores, wider steps run faster unfused (XLA runs independent matmuls
+    side by side). The embedding, final norm and LM head are kept as they are (the drafter reads them); the layer
+    weights are copied, so convert once per model (LoadedTarget.use_decoding_layout holds the result in place of
+    the old copy), on the loaded arrays (not inside a compiled step, which would copy the slices at every call). A
+    config already in the requested layout comes back unchanged."""
     if cfg.unroll_layers and cfg.fuse_projections == fuse:
         return cfg, params
-    if cfg.unroll_layers or cfg.fuse_projections:
-        raise ValueError("decoding_params converts the stacked, unfused layout of checkpoints and training")
-    out = {name: p for name, p in params.items() if name != "layers"}
+    out = {name: p for name, p in params.items() if not name.startswith("layers")}
     for i in range(cfg.num_layers):  # op by op: every layer has the same shapes, so each op compiles once
-        layer = jax.tree.map(lambda w: w[i], params["layers"])
+        if cfg.unroll_layers:
+            layer = params[f"layers_{i}"]
+            layer = _unfused(cfg, layer) if cfg.fuse_projections else layer
+        else:
+            layer = jax.tree.map(lambda w: w[i], params["layers"])
         out[f"layers_{i}"] = _fused(cfg, layer) if fuse else layer
     return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=fuse), out
 
@@ -191,4 +219,16 @@ def _fused(cfg: TargetConfig, layer) -> dict:
     by_kv_head = lambda w: w.reshape(*w.shape[:-1], Hkv, -1, D)  # [..., n * D] -> [..., Hkv, n / Hkv, D]
     attn["qkv"] = {name: jnp.concatenate([by_kv_head(p[name]) for p in (q, k, v)], axis=-2) for name in q}
     mlp["gate_up"] = {"kernel": jnp.stack([mlp.pop("gate")["kernel"], mlp.pop("up")["kernel"]], axis=-2)}
+    return {**layer, "attn": attn, "mlp": mlp}
+
+
+def _unfused(cfg: TargetConfig, layer) -> dict:
+    """`_fused` undone: separate q/k/v and gate/up again."""
+    attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+    qkv, gate_up = attn.pop("qkv"), mlp.pop("gate_up")["kernel"]
+    G = cfg.num_heads // cfg.num_kv_heads
+    flat = lambda w: w.reshape(*w.shape[:-3], -1)  # [..., Hkv, n, D] -> [..., Hkv * n * D]
+    parts = {"q": slice(0, G), "k": slice(G, G + 1), "v": slice(G + 1, G + 2)}
+    attn.update({p: {name: flat(w[..., at, :]) for name, w in qkv.items()} for p, at in parts.items()})
+    mlp.update(gate={"kernel": gate_up[..., 0, :]}, up={"kernel": gate_up[..., 1, :]})
     return {**layer, "attn": attn, "mlp": mlp}

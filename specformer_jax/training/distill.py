@@ -20,12 +20,12 @@ from typing import Sequence
 from tqdm import tqdm
 
 from specformer_jax.assets import EVAL_PROMPTS
-from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.encode import Prompt, check_fits, encode_prompts
+from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
+from specformer_jax.modeling.loaded import LoadedTarget, checked_target
 from specformer_jax.training.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
 from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt
 
@@ -109,8 +109,7 @@ def distill(
     Resumes when `out_dir` holds an unfinished run with the same settings; raises SpecformerError when it holds
     data made with other settings. Returns a summary of this run.
     """
-    if not prompts:
-        raise SpecformerError("no prompts given")
+    model, prompts = checked_target(model), checked_prompts(prompts)
     max_new_tokens = POSITIVE_INT.check("max_new_tokens", max_new_tokens)  # checked before the manifest is written
     batch_size = POSITIVE_INT.check("batch_size", batch_size)
     shard_size = POSITIVE_INT.check("shard_size", shard_size)

@@ -14,11 +14,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import LoadedDrafter, check_drafter_fits
-from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.checks import POSITIVE_INT, integer
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.drafter import split_draft_vocab
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, check_drafter_fits, checked_target
 from specformer_jax.training.batches import eval_batches
 from specformer_jax.training.dataset import check_scorable, check_token_ids
 from specformer_jax.training.draft_vocab import answer_token_counts, coverage
@@ -34,13 +32,13 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
                                                               for r in records):
         raise SpecformerError("records must be a non-empty list of distilled records (read_distilled(DIR))")
     seq_len, batch_size = integer(2).check("seq_len", seq_len), POSITIVE_INT.check("batch_size", batch_size)
-    check_drafter_fits(drafter, target.cfg)
+    check_drafter_fits(drafter, checked_target(target, "target").cfg)
     k = drafter.cfg.num_slots if draft_len is None else integer(1, drafter.cfg.num_slots).check("draft_len", draft_len)
     check_token_ids(records, target.cfg.vocab_size)
     check_scorable(records, seq_len, k)
     batches = eval_batches(records, seq_len=seq_len, batch_size=batch_size, num_batches=-(-len(records) // batch_size))
     step = jax.jit(lambda p, tp, tok, mask: drafter_loss(p, tp, tok, mask, target_cfg=target.cfg,
-                                                        drafter_cfg=drafter.cfg, replay=True, num_slots=k)[1])
+                                                        drafter_cfg=drafter.cfg, replay=True, draft_len=k)[1])
     total = None
     for b in tqdm(batches, desc="eval", disable=not progress):
         sums = step(drafter.params, target.params, b["tokens"], b["label_mask"])
@@ -61,7 +59,7 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
 def _vocab_coverage(drafter: LoadedDrafter, records: list[dict], vocab_size: int) -> dict:
     """{"draft_vocab_coverage": the share of the records' answer tokens (whole, not cut to seq_len) in the drafter's
     draft vocabulary} (a drafter with one), else {}."""
-    vocab = split_draft_vocab(drafter.params)[1]
+    vocab = drafter.params.vocab
     if vocab is None:
         return {}
     return {"draft_vocab_coverage": round(coverage(answer_token_counts(records, vocab_size), np.asarray(vocab)), 4)}

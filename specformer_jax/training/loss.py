@@ -12,7 +12,13 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.modeling.drafter import Drafter, drafter_cache, next_token_embedding, split_draft_vocab, vocab_head
+from specformer_jax.modeling.drafter import (
+    DrafterParams,
+    apply_drafter,
+    drafter_cache,
+    next_token_embedding,
+    vocab_head,
+)
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
@@ -50,10 +56,10 @@ def slot_teacher_index(T: int, num_slots: int) -> jax.Array:
     return jnp.minimum(jnp.arange(T)[:, None] + 1 + jnp.arange(num_slots)[None, :], T - 1)
 
 
-def slot_states(target_cfg, drafter_cfg, drafter_params, hidden, B, T, next_embed=None, num_slots=None):
-    return Drafter(target_cfg, drafter_cfg).apply({"params": split_draft_vocab(drafter_params)[0]}, hidden,
-                                                  drafter_cache(target_cfg, B, T), num_slots=num_slots,
-                                                  next_embed=next_embed)[0]
+def slot_states(target_cfg, drafter_cfg, drafter_params: DrafterParams, hidden, B, T, next_embed=None,
+                draft_len=None):
+    return apply_drafter(target_cfg, drafter_cfg, drafter_params, hidden, drafter_cache(target_cfg, B, T),
+                         draft_len=draft_len, next_embed=next_embed)[0]
 
 
 def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
@@ -174,13 +180,13 @@ def slot_weights(num_slots: int, decay: float) -> jax.Array:
     return w / jnp.sum(w)
 
 
-def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
+def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
                  drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False,
-                 slot_decay: float = 0.0, num_slots: int | None = None):
-    """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean).
-    drafter_params: the drafter's weights, and its "draft_vocab" when it has a reduced draft vocabulary.
-    Returns (loss, sums for metrics). replay: also the sums of `replay_rounds` (for evaluation: it is sequential).
-    num_slots: score only the first k slots, as decoding with k drafts uses them (default: all K)."""
+                 slot_decay: float = 0.0, draft_len: int | None = None):
+    """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean), over the
+    drafter's draft vocabulary when it has one. Returns (loss, sums for metrics). replay: also the sums of
+    `replay_rounds` (for evaluation: it is sequential). draft_len: score only the first k slots, as decoding with k
+    drafts uses them (default: all K)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
@@ -190,12 +196,12 @@ def drafter_loss(drafter_params, target_params, tokens, label_mask, *, target_cf
     next_embed = None
     if drafter_cfg.reads_next_tokens:
         next_embed = next_token_embedding(target_params, following_tokens(tokens))
-    k = num_slots or drafter_cfg.num_slots
+    k = draft_len or drafter_cfg.num_slots
     states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed, k)
     labels, weights = slot_targets(tokens, label_mask, k)
     teacher = hidden[final][:, slot_teacher_index(T, k)] if objective == "kl" else None
     sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay,
-                           split_draft_vocab(drafter_params)[1])
+                           drafter_params.vocab)
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
     per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 
 from specformer_jax.assets import BUILTIN_PROMPTS, EVAL_PROMPTS
@@ -66,31 +67,46 @@ def _class_size(boys: int, gap: int) -> str:
     return f"A class of {2 * boys + gap} students has {gap} more girls than boys. How many boys are there?"
 
 
+# Math word problems: the text of the drawn numbers, and the range (inclusive) of each number, drawn in order. Each
+# asks for the working, so answers have some length. Different numbers make different texts.
+_WORD_PROBLEMS = [
+    (lambda a, b: f"A train travels {a} km in {b} hours. What is its average speed?", [(60, 900), (2, 9)]),
+    (lambda a, b: f"Pens cost {a} cents each. How many can I buy with ${b}, and how much change is left?",
+     [(15, 95), (2, 40)]),
+    (lambda a, b, c: f"A recipe needs {a} g of flour for {b} cookies. How much flour do {c} cookies need?",
+     [(100, 500), (8, 24), (25, 90)]),
+    (lambda a, b: f"A rectangular garden is {a} m by {b} m. What are its area and perimeter?", [(3, 40), (3, 40)]),
+    (lambda a, b: f"I save ${a} a week. How many weeks until I have ${b}?", [(5, 120), (500, 5000)]),
+    (lambda a, b: f"A jacket costs ${a} and is {b}% off. What is the sale price?", [(30, 400), (5, 60)]),
+    (lambda a, b, c: f"${a} is invested at {b}% interest compounded yearly. What is it worth after {c} years?",
+     [(500, 20000), (1, 9), (2, 15)]),
+    (lambda a: f"What is the sum of all whole numbers from 1 to {a}?", [(20, 2000)]),
+    (lambda a, b, c: f"A bag holds {a} red, {b} blue and {c} green marbles. What is the probability of drawing a "
+     "blue one?", [(2, 15)] * 3),
+    (_ages, [(4, 40), (2, 12)]),
+    (lambda a, b: f"One pipe fills a tank in {a} hours, another in {b} hours. How long do both together take?",
+     [(2, 12), (3, 15)]),
+    (lambda a, b, c: f"A phone battery drops {a}% per hour. Starting at {b}%, when does it reach {c}%?",
+     [(3, 20), (50, 100), (5, 20)]),
+    (_class_size, [(5, 18), (1, 8)]),
+    (lambda a, b: f"A car uses {a} litres of fuel per 100 km. How much fuel does a {b} km trip need?",
+     [(4, 12), (50, 1200)]),
+]
+
+
 def _word_problem(rng: random.Random) -> str:
-    """A math word problem with random numbers; each asks for the working, so answers have some length."""
-    r = rng.randint
-    problems = [
-        lambda: f"A train travels {r(60, 900)} km in {r(2, 9)} hours. What is its average speed?",
-        lambda: f"Pens cost {r(15, 95)} cents each. How many can I buy with ${r(2, 40)}, and how much change is left?",
-        lambda: f"A recipe needs {r(100, 500)} g of flour for {r(8, 24)} cookies. "
-        f"How much flour do {r(25, 90)} cookies need?",
-        lambda: f"A rectangular garden is {r(3, 40)} m by {r(3, 40)} m. What are its area and perimeter?",
-        lambda: f"I save ${r(5, 120)} a week. How many weeks until I have ${r(500, 5000)}?",
-        lambda: f"A jacket costs ${r(30, 400)} and is {r(5, 60)}% off. What is the sale price?",
-        lambda: f"${r(500, 20000)} is invested at {r(1, 9)}% interest compounded yearly. "
-        f"What is it worth after {r(2, 15)} years?",
-        lambda: f"What is the sum of all whole numbers from 1 to {r(20, 2000)}?",
-        lambda: f"A bag holds {r(2, 15)} red, {r(2, 15)} blue and {r(2, 15)} green marbles. "
-        "What is the probability of drawing a blue one?",
-        lambda: _ages(r(4, 40), r(2, 12)),
-        lambda: f"One pipe fills a tank in {r(2, 12)} hours, another in {r(3, 15)} hours. "
-        "How long do both together take?",
-        lambda: f"A phone battery drops {r(3, 20)}% per hour. "
-        f"Starting at {r(50, 100)}%, when does it reach {r(5, 20)}%?",
-        lambda: _class_size(r(5, 18), r(1, 8)),
-        lambda: f"A car uses {r(4, 12)} litres of fuel per 100 km. How much fuel does a {r(50, 1200)} km trip need?",
-    ]
-    return rng.choice(problems)() + " Show your working."
+    """A math word problem with random numbers."""
+    text, ranges = rng.choice(_WORD_PROBLEMS)
+    return text(*[rng.randint(low, high) for low, high in ranges]) + " Show your working."
+
+
+@functools.cache
+def builtin_capacity() -> int:
+    """How many distinct prompts the built-in lists can make: the pool's (evaluation prompts left out) and every
+    word problem's."""
+    evaluation = evaluation_prompts()
+    pool = {p for p in _pool() if not is_evaluation_prompt(p, evaluation)}
+    return len(pool) + sum(math.prod(high - low + 1 for low, high in ranges) for _, ranges in _WORD_PROBLEMS)
 
 
 def normalise_prompt(prompt: str) -> str:
@@ -116,6 +132,9 @@ def builtin_prompts(num: int, seed: int = 0) -> list[str]:
     """`num` distinct training prompts, the same for the same seed; a shorter list is a prefix of a longer one."""
     if num < 0:
         raise SpecformerError(f"number of prompts must be >= 0, got {num}")
+    if num > builtin_capacity():
+        raise SpecformerError(f"cannot make {num:,} distinct built-in prompts: the built-in lists make "
+                              f"{builtin_capacity():,}")
     rng = random.Random(seed)
     pool = _pool()
     rng.shuffle(pool)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.loader import LoadedTarget
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text, write_atomic
+from specformer_jax.modeling.loaded import LoadedTarget, checked_target
 from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt, normalise_prompt
 
 SENTINEL = "\x00specformer-user-turn\x00"
@@ -74,6 +74,7 @@ def sample_prompts(
     progress: bool = True,
 ) -> list[str]:
     """Sample `num` distinct user requests from `model` into `out` (resuming an earlier run there); returns them."""
+    checked_target(model)
     if num < 1:
         raise SpecformerError(f"number of prompts must be >= 1, got {num}")
     if not temperature > 0:  # greedy would write the same request every time

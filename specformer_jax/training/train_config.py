@@ -27,13 +27,15 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text
 from specformer_jax.training.loss import OBJECTIVES
 
-DRAFTER_SETTINGS = ("num_slots", "hooks", "slot_attention", "intermediate_size", "next_token_input",
-                    "context_token_input", "draft_vocab_size")  # -> DrafterConfig
+# The drafter's settings: DrafterConfig's fields, written among the run's own in YAML, --set and train_config.json.
+DRAFTER_SETTINGS = tuple(f.name for f in dataclasses.fields(DrafterConfig))
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of a drafter training run (configs/*.yaml hold recipes); each value is checked on creation."""
+    """Every setting of a drafter training run (configs/*.yaml hold recipes); each value is checked on creation.
+    The drafter's settings are its `drafter` config; YAML files, `--set` and train_config.json write them among the
+    others, as one flat mapping (`settings`, `from_settings`): num_slots: 4."""
 
     model: str = "default"  # target: default | HF dir | .gguf
     data: str = ""  # directory written by `specformer distill`; several: "dir1,dir2"
@@ -41,14 +43,7 @@ class TrainConfig:
     eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
     eval_data: str | None = None  # distilled data to evaluate on instead (e.g. `distill --for-eval` of unseen prompts)
     init_from: str | None = None  # a drafter directory to continue from (same drafter settings) instead of random init
-    # drafter
-    num_slots: int = 4
-    hooks: tuple[int, ...] | None = None
-    slot_attention: str = "bidirectional"
-    intermediate_size: int | None = None  # the drafter's SwiGLU width; None = the target's
-    next_token_input: bool = False  # slots also see the token after their position (our extension; see DrafterConfig)
-    context_token_input: bool = False  # the context layer sees it too, beside the states (EAGLE's input; DrafterConfig)
-    draft_vocab_size: int | None = None  # V': the head scores only the V' most frequent answer tokens (None: all)
+    drafter: DrafterConfig = DrafterConfig()  # the drafter to train (num_slots, hooks, ...: see DrafterConfig)
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded
     batch_size: int = 8  # sequences per step (global, across all hosts)
@@ -73,30 +68,46 @@ class TrainConfig:
     attention_impl: str = "auto"  # pallas_kernels.ragged_attention: auto = Pallas on GPU/TPU, reference on CPU
     mesh: str = "data=-1"  # device mesh, e.g. "data=2,fsdp=2,tensor=2" (-1: the remaining devices); see parallel.py
 
-    def drafter(self) -> DrafterConfig:
-        return DrafterConfig(**{k: getattr(self, k) for k in DRAFTER_SETTINGS})
-
     def __post_init__(self):
+        if not isinstance(self.drafter, DrafterConfig):
+            raise SpecformerError(f"drafter must be a DrafterConfig, got {type(self.drafter).__name__}")
         hints = typing.get_type_hints(TrainConfig)
         for field in dataclasses.fields(self):  # the types of text, flags and lists, then every number's range
-            object.__setattr__(self, field.name, _coerce(field.name, getattr(self, field.name), hints[field.name]))
+            if field.name != "drafter":
+                object.__setattr__(self, field.name, _coerce(field.name, getattr(self, field.name), hints[field.name]))
         lr = self.lr if is_number(self.lr) else None
         for name, kind in {**_NUMBERS, "min_lr": number(0, lr, what=f"a finite number in [0, lr] = [0, {lr}]")}.items():
             object.__setattr__(self, name, kind.check(name, getattr(self, name)))
-        for name in ("intermediate_size", "draft_vocab_size"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, POSITIVE_INT.check(name, getattr(self, name)))
-        self.drafter()  # validates num_slots / slot_attention
         if self.objective not in OBJECTIVES:
             raise SpecformerError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.attention_impl not in IMPLS:
             raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 
+    def settings(self) -> dict:
+        """The run's settings as one flat mapping, the drafter's among them: what YAML files, `--set` and
+        train_config.json hold."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            out.update(dataclasses.asdict(value) if field.name == "drafter" else {field.name: value})
+        return out
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> "TrainConfig":
+        """The config of a flat mapping of settings (`settings`' form); an unknown one is refused, naming the valid
+        ones."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"drafter"}
+        unknown = sorted(set(settings) - own - set(DRAFTER_SETTINGS))
+        if unknown:
+            raise SpecformerError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join(cls().settings())}")
+        drafter = DrafterConfig(**{k: v for k, v in settings.items() if k in DRAFTER_SETTINGS})  # checks them
+        return cls(drafter=drafter, **{k: v for k, v in settings.items() if k in own})  # which checks the rest
+
 
 # The numeric settings and the values each takes (min_lr: in [0, lr], checked with lr).
 _NUMBERS = {
     **{name: POSITIVE_INT for name in ("steps", "batch_size", "seq_len", "log_every", "eval_every", "save_every",
-                                       "keep_checkpoints", "chunk_positions", "num_slots")},
+                                       "keep_checkpoints", "chunk_positions")},
     "eval_batches": NON_NEGATIVE_INT,  # 0: no periodic eval
     "seed": SEED,
     "eval_fraction": number(0, 1, below=True),
@@ -129,7 +140,8 @@ def _coerce(name: str, value, hint):
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
-    """YAML file (a flat mapping of TrainConfig fields) plus `key=value` overrides (values parsed as YAML)."""
+    """YAML file (a flat mapping of settings, TrainConfig.settings' form) plus `key=value` overrides (values parsed as
+    YAML)."""
     raw: dict = {}
     if path is not None:
         path = Path(path)
@@ -149,8 +161,4 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
             raw[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise SpecformerError(f"--set {item}: the value is not valid YAML") from None
-    hints = typing.get_type_hints(TrainConfig)
-    unknown = sorted(set(raw) - set(hints))
-    if unknown:
-        raise SpecformerError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join(hints)}")
-    return TrainConfig(**raw)  # which checks every value
+    return TrainConfig.from_settings(raw)

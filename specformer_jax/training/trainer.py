@@ -22,14 +22,15 @@ from flax import struct
 from tqdm import tqdm
 
 from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
-from specformer_jax.checkpoints.loader import LoadedTarget, load_target
+from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_json
-from specformer_jax.modeling.drafter import DRAFT_VOCAB, init_drafter, split_draft_vocab
+from specformer_jax.modeling.drafter import DrafterParams, drafter_axes, drafter_shapes, init_drafter
+from specformer_jax.modeling.loaded import LoadedTarget
+from specformer_jax.modeling.target import target_axes
 from specformer_jax.parallel import (
     barrier,
     batch_sharded,
-    like_params,
     make_mesh,
     param_shardings,
     put_global,
@@ -55,7 +56,7 @@ from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
 @struct.dataclass
 class TrainState:
     step: jax.Array
-    params: dict
+    params: dict  # the drafter's weights (DrafterParams.weights): what the optimizer moves
     opt_state: optax.OptState
 
 
@@ -69,22 +70,24 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 def train_shardings(target: LoadedTarget, cfg: TrainConfig, tx, mesh):
-    """(train state shardings, target parameter shardings) on `mesh` (see specformer_jax.parallel)."""
-    dparams = jax.eval_shape(lambda: init_drafter(target.cfg, cfg.drafter(), jax.random.key(0)))
-    opt_state = jax.eval_shape(tx.init, dparams)
-    state = TrainState(replicated(mesh), param_shardings(dparams, mesh), like_params(opt_state, dparams, mesh))
-    return state, param_shardings(target.params, mesh)
+    """(train state shardings, target parameter shardings) on `mesh`, from the logical axes each weight declares
+    (see specformer_jax.parallel): the optimizer state's copies of the weights are sharded like the weights."""
+    weights = drafter_shapes(target.cfg, cfg.drafter).weights
+    weight_sh = param_shardings(weights, drafter_axes(target.cfg, cfg.drafter).weights, mesh)
+    opt_sh = optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, weights), weight_sh,
+                                   transform_non_params=lambda _: replicated(mesh))
+    target_sh = param_shardings(target.params, target_axes(target.cfg), mesh)
+    return TrainState(replicated(mesh), weight_sh, opt_sh), target_sh
 
 
 def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh, vocab: np.ndarray | None = None):
     """(train_step, eval_step), jitted with explicit shardings: batches over the batch axes, the frozen target and
     the drafter's parameters and optimizer state by the logical-axis rules (FSDP and tensor parallel). vocab: the
-    run's draft vocabulary (a constant of both steps), or None."""
-    extra = {} if vocab is None else {DRAFT_VOCAB: vocab}  # numpy: a constant of the compiled steps
-    drafter_loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter(),
+    run's draft vocabulary (numpy: a constant of both steps), or None."""
+    drafter_loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter,
                                             chunk_positions=cfg.chunk_positions, objective=cfg.objective,
                                             slot_decay=cfg.slot_loss_decay)
-    loss_fn = lambda params, *args, **kw: drafter_loss_fn({**params, **extra}, *args, **kw)
+    loss_fn = lambda weights, *args, **kw: drafter_loss_fn(DrafterParams(weights, vocab), *args, **kw)
 
     def train_step(state: TrainState, target_params, batch):
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -138,7 +141,7 @@ def _check_resumable(out: Path, cfg: TrainConfig) -> None:
         saved = json.loads((out / "train_config.json").read_text())
     except (OSError, ValueError):
         return  # nothing readable to compare with: the restore itself checks shapes
-    mine = dataclasses.asdict(cfg)
+    mine = cfg.settings()
     as_set = lambda v: tuple(v) if isinstance(v, list) else v  # JSON keeps hooks as a list
     diff = [f"{k}={saved[k]!r} (now {mine[k]!r})" for k in DRAFTER_SETTINGS
             if isinstance(saved, dict) and k in saved and as_set(saved[k]) != mine[k]]
@@ -153,20 +156,21 @@ def _check_resumable(out: Path, cfg: TrainConfig) -> None:
 TOKEN_INPUTS = ("next_token_input", "context_token_input")
 
 
-def initial_params(cfg: TrainConfig, target: LoadedTarget):
-    """Random drafter parameters, or those of the drafter directory `init_from`. Its settings must be the run's, except
-    that a run may add token inputs (next_token_input, context_token_input) to a drafter without them: each new
-    input starts at zero, so the run continues exactly where that drafter stands."""
-    fresh = lambda: init_drafter(target.cfg, cfg.drafter(), jax.random.key(cfg.seed))
+def initial_params(cfg: TrainConfig, target: LoadedTarget) -> dict:
+    """Random drafter weights, or those of the drafter directory `init_from` (the run makes its own draft vocabulary
+    from its data). Its settings must be the run's, except that a run may add token inputs (next_token_input,
+    context_token_input) to a drafter without them: each new input starts at zero, so the run continues exactly
+    where that drafter stands."""
+    fresh = lambda: init_drafter(target.cfg, cfg.drafter, jax.random.key(cfg.seed)).weights
     if cfg.init_from is None:
         return fresh()
     start = load_drafter(cfg.init_from, target)
-    weights = split_draft_vocab(start.params)[0]  # the run makes its own draft vocabulary from its data
-    same = dataclasses.replace(start.cfg, draft_vocab_size=cfg.draft_vocab_size)  # the weights do not depend on it
-    added = {name: False for name in TOKEN_INPUTS if getattr(cfg, name) and not getattr(start.cfg, name)}
-    if same != dataclasses.replace(cfg.drafter(), **added):
+    weights = start.params.weights
+    same = dataclasses.replace(start.cfg, draft_vocab_size=cfg.drafter.draft_vocab_size)  # weights do not depend on it
+    added = {name: False for name in TOKEN_INPUTS if getattr(cfg.drafter, name) and not getattr(start.cfg, name)}
+    if same != dataclasses.replace(cfg.drafter, **added):
         raise SpecformerError(f"init_from {cfg.init_from}: its drafter settings {start.cfg} differ from this run's "
-                              f"{cfg.drafter()}")
+                              f"{cfg.drafter}")
     if not added:
         return weights
     new = fresh()
@@ -256,7 +260,8 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
         raise SpecformerError(f"batch_size {cfg.batch_size} must be a multiple of the {jax.process_count()} processes")
     scored = eval_recs[: cfg.batch_size * cfg.eval_batches]  # what the periodic eval scores (eval_batches)
     if scored:
-        check_scorable(scored, cfg.seq_len, cfg.num_slots, f"the periodic eval's data ({cfg.eval_data or 'held out'})")
+        check_scorable(scored, cfg.seq_len, cfg.drafter.num_slots,
+                       f"the periodic eval's data ({cfg.eval_data or 'held out'})")
     if resume:
         _check_resumable(out, cfg)
     return records, train_recs, eval_recs
@@ -295,10 +300,10 @@ def _draft_vocab(cfg: TrainConfig, target: LoadedTarget, train_recs, eval_recs,
                  resume: bool) -> tuple[np.ndarray | None, dict]:
     """The run's draft vocabulary (the same on every process: a function of the training records; on resume, the
     one the run was trained with or an error) and what it covers; (None, {}) without draft_vocab_size."""
-    if cfg.draft_vocab_size is None:
+    if cfg.drafter.draft_vocab_size is None:
         return None, {}
     counts = answer_token_counts(train_recs, target.cfg.vocab_size)
-    vocab = draft_vocabulary(counts, cfg.draft_vocab_size)
+    vocab = draft_vocabulary(counts, cfg.drafter.draft_vocab_size)
     if resume:
         _check_same_vocab(Path(cfg.out).absolute() / VOCAB_FILE, vocab)
     eval_counts = answer_token_counts(eval_recs, target.cfg.vocab_size) if eval_recs else None
@@ -343,7 +348,7 @@ def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
     run.out.mkdir(parents=True, exist_ok=True)
     if run.is_main:
         open(run.out / "metrics.jsonl", "a").close()  # appended to at every logged step: unwritable shows now
-        (run.out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+        (run.out / "train_config.json").write_text(json.dumps(cfg.settings(), indent=1) + "\n")
         if run.vocab is not None:
             write_json(run.out / VOCAB_FILE, run.vocab.tolist())
     return state
@@ -409,8 +414,7 @@ def _export(run: _Run, state: TrainState, last_eval: dict) -> dict:
     params = to_host(state.params)  # a collective with several processes: all take part, process 0 writes
     if run.is_main:
         plot_training(run.out / "metrics.jsonl", run.out / "training_curve.png")
-        vocab = {} if run.vocab is None else {DRAFT_VOCAB: run.vocab}
-        save_drafter(run.out / "drafter", cfg.drafter(), {**params, **vocab}, run.target.cfg, meta={
-            "target_source": run.target.source, "train_config": dataclasses.asdict(cfg), "eval": last_eval,
-            **({"draft_vocab": run.vocab_meta} if run.vocab_meta else {})})
+        save_drafter(run.out / "drafter", cfg.drafter, DrafterParams(params, run.vocab), run.target.cfg, meta={
+            "target_source": run.target.source, "train_config": cfg.settings(), "eval": last_eval},
+            vocab_meta=run.vocab_meta)
     return {"step": step, "eval": last_eval, "state": state}

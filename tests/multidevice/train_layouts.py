@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specformer_jax.checkpoints.loader import LoadedTarget
-from specformer_jax.config import TargetConfig
-from specformer_jax.modeling.drafter import init_drafter
-from specformer_jax.modeling.kv_cache import KVCache
-from specformer_jax.modeling.target import Target
+from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.drafter import drafter_shapes, init_drafter
+from specformer_jax.modeling.loaded import LoadedTarget
+from specformer_jax.modeling.target import init_target
 from specformer_jax.parallel import make_mesh
 from specformer_jax.training.train_config import TrainConfig
 from specformer_jax.training.trainer import TrainState, make_optimizer, make_steps, train_shardings
@@ -25,10 +24,10 @@ CFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_la
 
 def main(layouts):
     assert jax.device_count() == 8, jax.devices()
-    params = Target(CFG).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32),
-                              KVCache.zeros(2, 1, 1, CFG.num_kv_heads, CFG.head_dim))["params"]
+    params = init_target(CFG, jax.random.key(0))
     target = LoadedTarget(CFG, params, None, (2,), "random")
-    cfg = TrainConfig(num_slots=3, seq_len=32, batch_size=8, chunk_positions=64, lr=1e-2, steps=10)
+    cfg = TrainConfig(drafter=DrafterConfig(num_slots=3), seq_len=32, batch_size=8, chunk_positions=64, lr=1e-2,
+                      steps=10)
     tx = make_optimizer(cfg)
     rng = np.random.default_rng(0)
     batch = {"tokens": rng.integers(0, 256, (8, 32)).astype(np.int32),
@@ -38,7 +37,7 @@ def main(layouts):
         mesh = make_mesh(layout)
         train_step, _ = make_steps(target, cfg, tx, mesh)
         state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
-        dparams = init_drafter(CFG, cfg.drafter(), jax.random.key(1))
+        dparams = init_drafter(CFG, cfg.drafter, jax.random.key(1)).weights
         state = jax.device_put(TrainState(jnp.int32(0), dparams, tx.init(dparams)), state_sh)
         tparams = jax.device_put(params, target_sh)
         losses = []
@@ -57,7 +56,7 @@ def main(layouts):
     train_step, _ = make_steps(LoadedTarget(CFG, jax.eval_shape(lambda: params), None, (2,), "abstract"), cfg, tx,
                                mesh)
     abstract = jax.eval_shape(lambda p: TrainState(jnp.int32(0), p, tx.init(p)),
-                              jax.eval_shape(lambda: init_drafter(CFG, cfg.drafter(), jax.random.key(1))))
+                              drafter_shapes(CFG, cfg.drafter).weights)
     spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
     exp = jax.export.export(train_step, platforms=["tpu"])(abstract, jax.eval_shape(lambda: params), spec)
     out["export"] = {"platforms": list(exp.platforms), "nr_devices": exp.nr_devices,
