@@ -145,10 +145,9 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
     if isinstance(draft_len, AutoDraftLen):
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
-    accept = Verify() if rate is None else SetAcceptance(jnp.float32(rate))
-    return _Job(model, drafter, ids, make_plan(model, draft_len, sampling, max_new_tokens),
-                _source(model, drafter, draft_len, mesh), accept if mesh is None else jax.device_put(
-                    accept, replicated(mesh)), chunk_rounds, row_keys, B, schedule, mesh, records, progress, auto, rate)
+    plan = make_plan(model, draft_len, sampling, max_new_tokens)
+    return _Job(model, drafter, ids, plan, _source(model, drafter, draft_len, mesh), _accept_rule(rate, mesh),
+                chunk_rounds, row_keys, B, schedule, mesh, records, progress, auto, rate)
 
 
 def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
@@ -208,6 +207,14 @@ def _checked_chunk_rounds(chunk_rounds, max_new_tokens: int) -> int:
         return CHUNK_ROUNDS
     return integer(1, max_new_tokens, f"an integer in 1..max_new_tokens = 1..{max_new_tokens} (every row emits a "
                                       "token a round)").check("chunk_rounds", chunk_rounds)
+
+
+def _accept_rule(rate: float | None, mesh: Mesh | None) -> Verify | SetAcceptance:
+    """Verification by the target, or (a cost measurement) acceptance set at `rate`, replicated over the mesh."""
+    if rate is None:
+        return Verify()
+    rule = SetAcceptance(jnp.float32(rate))
+    return rule if mesh is None else jax.device_put(rule, replicated(mesh))
 
 
 def _source(model: LoadedTarget, drafter: LoadedDrafter | None, draft_len: int, mesh: Mesh | None):
