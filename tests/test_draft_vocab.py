@@ -14,6 +14,7 @@ from test_speculative import GREEDY, KEYS, PROMPTS, Oracle, ar
 
 from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.checkpoints.safetensors_io import read_safetensors
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.plan import DecodePlan
@@ -142,6 +143,8 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
     target = load_target(tiny_checkpoints["qwen2"])
     drafter = reduced_drafter(target, size=32, num_slots=2)
     save_drafter(tmp_path / "d", drafter.cfg, drafter.params, target.cfg)
+    names = list(read_safetensors(tmp_path / "d" / "params.safetensors"))
+    assert names == sorted(names) and "draft_vocab" in names  # the file as train and draft-vocab always wrote it
     loaded = load_drafter(tmp_path / "d", target)
     assert loaded.params.vocab.dtype == jnp.int32
     np.testing.assert_array_equal(loaded.params.vocab, drafter.params.vocab)

@@ -46,7 +46,7 @@ def save_drafter(path: str | Path, cfg: DrafterConfig, params: DrafterParams, ta
     tensors = {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()}
     if params.vocab is not None:
         tensors[VOCAB_KEY] = np.asarray(params.vocab, np.int32)
-    write_safetensors(path / "params.safetensors", tensors)
+    write_safetensors(path / "params.safetensors", dict(sorted(tensors.items())))  # name order, as always
     write_json(path / "drafter.json", {"drafter": dataclasses.asdict(cfg), "target": target_fingerprint(target),
                                         **(meta or {}), **({VOCAB_KEY: vocab_meta} if vocab_meta else {})})
 
