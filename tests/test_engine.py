@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from test_speculative import OracleSource
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
@@ -23,7 +24,7 @@ from specformer_jax.decoding.plan import DecodePlan, make_plan
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import Interrupted, decode_requests, run_to_end
 from specformer_jax.decoding.speculative import choose_drafts
-from specformer_jax.modeling.drafter import drafter_cache, init_drafter
+from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
 
@@ -68,21 +69,12 @@ def reference(model):
 
 
 @struct.dataclass
-class TableOracle:
-    """A draft source (decoding/draft_source.py) that knows the reference continuations, looked up by (drafting
-    position, token just emitted) and not by slot, so it stays right whichever slot a request lands in: rounds
-    accept several tokens, and EOS and budgets fall inside them."""
+class TableOracle(OracleSource):
+    """Drafts that know the reference continuations, looked up by (drafting position, token just emitted) and not by
+    slot, so they stay right whichever slot a request lands in: rounds accept several tokens, and EOS and budgets
+    fall inside them."""
 
     table: jax.Array  # int32[positions, 256, k]
-
-    def hooks(self, plan):
-        return ()
-
-    def empty_state(self, plan, rows, max_len):
-        return drafter_cache(plan.cfg, rows, max_len)
-
-    def bind(self, plan, params):
-        return self
 
     def draft(self, plan, hidden, state, num_new, slots_at, next_tokens, keys):
         after = jnp.take_along_axis(next_tokens, slots_at, axis=1)[:, 0]  # the token after the drafting position

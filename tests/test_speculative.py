@@ -38,15 +38,9 @@ def ar(model, prompts, **kw):
     return generate(model, prompts, max_new_tokens=N, **kw).token_ids
 
 
-@struct.dataclass
-class Oracle:
-    """A draft source (decoding/draft_source.py) that knows the AR continuation: perfect (shift=0) or never right
-    (shift=1). Like a drafter with a next-token input, it is right only when told the token after each new position
-    up to its drafting position (what a context-level input reads), so the perfect one also checks that the loop
-    passes those tokens. Its state is a drafter's cache, whose lengths say where each row stands."""
-
-    seqs: jax.Array  # int32[rows, 64]: prompt and continuation of each slot's request
-    shift: int = struct.field(pytree_node=False, default=0)
+class OracleSource:
+    """What the tests' oracle draft sources (decoding/draft_source.py) share: they read no hidden state, keep a
+    drafter's cache for its lengths (where each row stands), and derive nothing from the target."""
 
     def hooks(self, plan):
         return ()
@@ -56,6 +50,16 @@ class Oracle:
 
     def bind(self, plan, params):
         return self
+
+
+@struct.dataclass
+class Oracle(OracleSource):
+    """Drafts that know the AR continuation: perfect (shift=0) or never right (shift=1). Like a drafter with a
+    next-token input, it is right only when told the token after each new position up to its drafting position (what
+    a context-level input reads), so the perfect one also checks that the loop passes those tokens."""
+
+    seqs: jax.Array  # int32[rows, 64]: prompt and continuation of each slot's request
+    shift: int = struct.field(pytree_node=False, default=0)
 
     def logits(self, plan, state, slots_at, next_tokens):
         """One-hot logits [B, k, 128] of the oracle's drafts."""
