@@ -212,18 +212,18 @@ def _init(target_cfg: TargetConfig, cfg: DrafterConfig, key: jax.Array) -> dict:
     return Drafter(target_cfg, cfg).init(key, hidden, drafter_cache(target_cfg, 1, 2), next_embed=next_embed)["params"]
 
 
+@functools.lru_cache(maxsize=16)
 def _boxed_weights(target_cfg: TargetConfig, cfg: DrafterConfig):
+    """The weights `Drafter.init` makes, as shapes boxed with their axes (traced once per pair of configs)."""
     return jax.eval_shape(lambda: _init(target_cfg, cfg, jax.random.key(0)))
 
 
-@functools.lru_cache(maxsize=16)
 def drafter_shapes(target_cfg: TargetConfig, cfg: DrafterConfig) -> DrafterParams:
     """ShapeDtypeStructs of the parameters of a drafter with `cfg` on a target with `target_cfg`."""
     vocab = None if cfg.draft_vocab_size is None else jax.ShapeDtypeStruct((cfg.draft_vocab_size,), jnp.int32)
     return DrafterParams(nn.unbox(_boxed_weights(target_cfg, cfg)), vocab)
 
 
-@functools.lru_cache(maxsize=16)
 def drafter_axes(target_cfg: TargetConfig, cfg: DrafterConfig) -> DrafterParams:
     """The logical axes of a drafter's parameters (PartitionSpecs of axis names); the draft vocabulary is never
     split."""

@@ -164,19 +164,19 @@ class Target(nn.Module):
         return self.logits(self.final_norm(x))
 
 
+@functools.lru_cache(maxsize=16)
 def _boxed_params(cfg: TargetConfig):
-    """The parameters `Target(cfg).init` makes, as shapes, each boxed with its logical axes."""
+    """The parameters `Target(cfg).init` makes, as shapes, each boxed with its logical axes (traced once per cfg: the
+    shapes and the axes below both come from it)."""
     cache = KVCache.zeros(cfg.num_layers, 1, 1, cfg.num_kv_heads, cfg.head_dim)
     return jax.eval_shape(Target(cfg).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32), cache)["params"]
 
 
-@functools.lru_cache(maxsize=16)
 def target_shapes(cfg: TargetConfig) -> dict:
     """ShapeDtypeStructs of the parameters of a target with `cfg`, in cfg's layout."""
     return nn.unbox(_boxed_params(cfg))
 
 
-@functools.lru_cache(maxsize=16)
 def target_axes(cfg: TargetConfig) -> dict:
     """The logical axes of the parameters of a target with `cfg` (PartitionSpecs of axis names), in cfg's layout."""
     return logical_axes(_boxed_params(cfg))
