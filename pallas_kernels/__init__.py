@@ -6,6 +6,8 @@ the appended block. `impl` picks the implementation:
 
   auto           Pallas on TPU (Mosaic) and GPU (Triton), the jnp reference elsewhere (CPU) or for shapes a
                  kernel does not take (GPU: head_dim a power of two >= 16)
+  cpu            the C++ kernel of cpu.py (a CPU; float32, head_dim a multiple of 16, else the reference), what
+                 the target's packed CPU decoding layout runs
   reference      the jnp reference
   pallas         the kernel for the current backend (TPU or GPU; an error on CPU)
   pallas_tpu     the Mosaic kernel, whatever the current backend (to export or lower for TPU from a CPU)
@@ -23,19 +25,22 @@ import functools
 
 import jax
 
+from pallas_kernels.cpu import cached_attention
 from pallas_kernels.reference import ragged_attention_reference
 
 GPU_BLOCK_K, TPU_BLOCK_K = 64, 128  # KV positions per tile
-IMPLS = ("auto", "reference", "pallas", "pallas_tpu", "pallas_gpu", "interpret", "interpret_tpu")
+IMPLS = ("auto", "reference", "pallas", "pallas_tpu", "pallas_gpu", "interpret", "interpret_tpu", "cpu")
 
 
 def resolve(impl: str, head_dim: int) -> str | None:
-    """Which kernel `impl` runs on the current backend: "gpu", "tpu", their "interpret" variants, or None (the
-    reference)."""
+    """Which kernel `impl` runs on the current backend: "gpu", "tpu", their "interpret" variants, "cpu" (cpu.py), or
+    None (the reference)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose from {', '.join(IMPLS)}")
     backend = jax.default_backend()
-    if impl in ("reference", "interpret", "interpret_tpu"):
+    if impl == "cpu" and backend != "cpu":
+        raise ValueError(f"attention_impl='cpu' needs a CPU; this is {backend}: use 'auto'")
+    if impl in ("reference", "interpret", "interpret_tpu", "cpu"):
         return None if impl == "reference" else impl
     if impl == "pallas_tpu" or (impl in ("auto", "pallas") and backend == "tpu"):
         return "tpu"
@@ -54,13 +59,20 @@ def cache_block(impl: str, head_dim: int) -> int:
     return blocks.get(kernel, 1)
 
 
-def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None):
+def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None,
+                     layer=None):
     """q [B, Q, H, D]; k, v [B, Hkv, S, D]; lengths int32[B]: valid cache entries per row, the Q new tokens included
     (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference` for the masks.
-    num_splits: the GPU kernel's split-KV count (None: its own choice, `pallas_kernels.gpu.auto_num_splits`);
-    the other implementations ignore it."""
+    layer: k and v are stacked caches [L, B, Hkv, S, D] and this layer's is attended to (the CPU kernel reads it in
+    place; the others take it out of the stack). num_splits: the GPU kernel's split-KV count (None: its own choice,
+    `pallas_kernels.gpu.auto_num_splits`); the other implementations ignore it."""
     kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
     kernel = resolve(impl, q.shape[-1])
+    if kernel == "cpu":
+        stacked = (k, v) if layer is not None else (k[None], v[None])
+        return cached_attention(q, *stacked, lengths, 0 if layer is None else layer, **kw)
+    if layer is not None:
+        k, v = k[layer], v[layer]
     if kernel is None:
         return ragged_attention_reference(q, k, v, lengths, **kw)
     return _kernel_attention(q, k, v, lengths, kernel, num_splits, **kw)

@@ -82,9 +82,10 @@ class TargetConfig:
     attention_impl: str = "auto"  # pallas_kernels.ragged_attention impl: auto | reference | pallas | interpret | ...
     # Parameter layout (modeling/target.py). Checkpoints and training: layers stacked and run under a scan, separate
     # q/k/v and gate/up. Decoding: `decoding_params` turns that into per-layer parameters (a Python loop over layers),
-    # optionally with fused projections.
+    # optionally with fused projections, and on CPUs packed for the CPU matmul kernels (pallas_kernels/cpu.py).
     unroll_layers: bool = False
     fuse_projections: bool = False
+    pack_weights: bool = False
 
     def __post_init__(self):
         # Validated here, where configs from config.json and from GGUF metadata meet; messages name config.json keys.
@@ -104,6 +105,12 @@ class TargetConfig:
             raise SpecformerError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.attention_impl not in IMPLS:
             raise SpecformerError(f"attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation the target runs: attention_impl, except that "auto" in the packed CPU
+        decoding layout is the CPU kernel (pallas_kernels/cpu.py)."""
+        return "cpu" if self.attention_impl == "auto" and self.pack_weights else self.attention_impl
 
     def hook_index(self, i: int) -> int:
         """Normalise a hidden-state hook index (HF convention: 0 = embeddings, L = final-normed output)."""

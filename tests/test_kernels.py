@@ -13,17 +13,23 @@ from jax import export
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import ragged_attention, ragged_attention_reference
+from pallas_kernels.cpu import build_cpu_kernels, cached_attention
 from pallas_kernels.gpu import auto_num_splits, num_splits_for, ragged_attention_gpu, ragged_attention_gpu_fwd
 from pallas_kernels.tpu import ragged_attention_tpu
+from specformer_jax.files import cache_dir
 
 KERNELS = {
     "gpu": lambda *a, **kw: ragged_attention_gpu(*a, interpret=True, **kw),
     "tpu": lambda *a, **kw: ragged_attention_tpu(*a, interpret=pltpu.InterpretParams(uninitialized_memory="nan"), **kw),
+    # the CPU kernel (float32), on a stacked cache of two layers, the second one attended to
+    "cpu": lambda q, k, v, lens, **kw: cached_attention(q, jnp.stack([k * 0, k]), jnp.stack([v * 0, v]), lens, 1,
+                                                        **kw),
 }
 ON_GPU = jax.default_backend() == "gpu"
 if ON_GPU:
     KERNELS["gpu_compiled"] = ragged_attention_gpu
-GRAD_IMPLS = ["interpret", "interpret_tpu"] + (["pallas_compiled"] if ON_GPU else [])
+# on a CPU the CPU kernel too, whose backward is the reference's
+GRAD_IMPLS = ["interpret", "interpret_tpu"] + (["pallas_compiled"] if ON_GPU else ["cpu"])
 # Compiled on a GPU, float32 dots run in TF32 (the kernel's and XLA's alike): about 1e-3 relative error.
 TOLERANCE = {"gpu_compiled": dict(atol=3e-3, rtol=3e-3), "pallas_compiled": dict(atol=1e-2, rtol=5e-3)}
 
@@ -62,7 +68,13 @@ def test_kernel_matches_reference(kernel, case):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOLERANCE.get(kernel, dict(atol=2e-6, rtol=1e-5)))
 
 
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.fixture(scope="module", autouse=True)
+def cpu_kernels():
+    """The CPU kernels, built as decoding builds them (a machine with a C++ compiler: CI has one)."""
+    assert build_cpu_kernels(cache_dir() / "kernels") is None
+
+
+@pytest.mark.parametrize("kernel", sorted(set(KERNELS) - {"cpu"}))  # the CPU kernel takes float32 only
 def test_kernel_bfloat16(kernel):
     q, k, v, lens = inputs(2, 5, 8, 2, 160, 128, [5, 160], dtype=jnp.bfloat16)
     got = KERNELS[kernel](q, k, v, lens).astype(jnp.float32)
@@ -190,6 +202,22 @@ def test_compiled_backward_at_training_shapes(dtype):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), err_msg=name, **tol)
 
 
+def test_cpu_kernel_gradients_reach_the_layer_attended_to():
+    """Through a stacked cache (the decoding layout's [L, B, Hkv, S, D]): the attended layer's gradient is the
+    reference's, the other layers' zero."""
+    q, k, v, lens = inputs(2, 5, 8, 2, 40, 64, [5, 40], seed=3)
+    k, v = jnp.nan_to_num(k), jnp.nan_to_num(v)
+    ks, vs = jnp.stack([k * 2, k, k * 3]), jnp.stack([v * 2, v, v * 3])
+    w = jax.random.normal(jax.random.key(1), q.shape)
+    got = jax.grad(lambda q, ks, vs: jnp.sum(w * ragged_attention(q, ks, vs, lens, layer=1, impl="cpu")),
+                   argnums=(0, 1, 2))(q, ks, vs)
+    want = jax.grad(lambda q, k, v: jnp.sum(w * ragged_attention_reference(q, k, v, lens)), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
+    for g, r in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g[1], r, atol=2e-5, rtol=1e-4)
+        assert not g[0].any() and not g[2].any()
+
+
 def test_bad_impls():
     q, k, v, lens = inputs(2, 6, 4, 2, 40, 64, [6, 33])
     with pytest.raises(ValueError, match="unknown attention impl"):
@@ -233,7 +261,7 @@ def test_speculative_decoding_on_the_kernels_gives_the_reference_tokens(tiny_che
     from specformer_jax.modeling.loaded import LoadedDrafter
 
     prompts = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
-    ref = load_target(tiny_checkpoints["llama3"])
+    ref = load_target(tiny_checkpoints["llama3"], attention_impl="reference")
     fast = load_target(tiny_checkpoints["llama3"], attention_impl=impl)
     cfg = DrafterConfig(num_slots=3)
     drafter = LoadedDrafter(cfg, init_drafter(ref.cfg, cfg, jax.random.key(0)), {})

@@ -80,7 +80,7 @@ def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     model, drafter = tiny
     N, rows = 30, 3
     plan = make_plan(model, 3, GREEDY, N)
-    source = SpecformerDrafts(drafter.cfg, drafter.params)
+    source = SpecformerDrafts(drafter.cfg, drafter.params).bind(plan, model.params)
     chunk = functools.partial(jax.jit, static_argnums=(0, 1))(run_chunk)
     width = max(map(len, PROMPTS[:rows]))
     block = np.zeros((rows, width), np.int32)

@@ -1,6 +1,6 @@
-"""The target's decoding layouts (per-layer parameters, with or without fused projections; `decoding_params`) compute
-what the stacked layout of checkpoints and training computes: logits, KV cache and hidden states, for prefill and
-cached extension."""
+"""The target's decoding layouts (per-layer parameters, with or without fused projections, or packed for the CPU
+kernels; `decoding_params`) compute what the stacked layout of checkpoints and training computes: logits, KV cache
+and hidden states, for prefill and cached extension."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.cpu import build_cpu_kernels
 from specformer_jax.config import TargetConfig
+from specformer_jax.files import cache_dir
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target, decoding_params, target_axes, target_shapes
 from specformer_jax.parallel import AXES, param_shardings
@@ -27,6 +29,13 @@ CONFIGS = {
     "mistral": dataclasses.replace(BASE, num_kv_heads=1, sliding_window=4, model_type="mistral"),
 }
 HOOKS = (0, 1, 2, -1)  # the embeddings, both inner layers' outputs, the final-normed output
+LAYOUTS = [(False, False), (True, False), (False, True)]  # (fuse, pack): per layer, fused, packed (fused too)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_kernels():
+    """The packed layout runs on the CPU kernels, as in decoding (without them its products run in XLA)."""
+    assert build_cpu_kernels(cache_dir() / "kernels") is None
 
 
 def random_params(cfg: TargetConfig):
@@ -68,9 +77,9 @@ def test_decoding_layouts_match_the_stacked_layout(name):
     rng = np.random.default_rng(1)
     tokens = [jnp.asarray(rng.integers(3, cfg.vocab_size, (3, T)), jnp.int32) for T in (7, 3, 1)]
     stacked = prefill_extend_step(cfg, params, *tokens)
-    for fuse in (False, True):
-        dcfg, dparams = decoding_params(cfg, params, fuse)
-        assert dcfg.unroll_layers and dcfg.fuse_projections == fuse
+    for fuse, pack in LAYOUTS:
+        dcfg, dparams = decoding_params(cfg, params, fuse, pack)
+        assert dcfg.unroll_layers and dcfg.fuse_projections == (fuse or pack) and dcfg.pack_weights == pack
         for a, b in zip(stacked, prefill_extend_step(dcfg, dparams, *tokens)):
             assert_same_outputs(a, b)
 
@@ -78,24 +87,29 @@ def test_decoding_layouts_match_the_stacked_layout(name):
 @pytest.mark.parametrize("name", ["llama", "qwen2"])  # an LM head of its own; tied embeddings and q/k/v biases
 def test_decoding_params_layout(name):
     """The converted tree is the one the decoding layout initialises (names and shapes) and keeps the entries the
-    drafter reads; converting again to the same layout changes nothing, to the other one and back gives the same
-    weights (one copy of the weights serves either: LoadedTarget.use_decoding_layout)."""
+    drafter reads (the packed layout holds an LM head of its own as rows); converting again to the same layout
+    changes nothing, to any other one and back gives the same weights (one copy of the weights serves every layout:
+    LoadedTarget.use_decoding_layout)."""
     cfg = CONFIGS[name]
     params = random_params(cfg)
     shapes = lambda tree: jax.tree.map(lambda w: (w.shape, w.dtype), tree)
     kept = ["embed", "final_norm"] + ([] if cfg.tie_embeddings else ["lm_head"])
-    for fuse in (False, True):
-        dcfg, dparams = decoding_params(cfg, params, fuse)
+    for fuse, pack in LAYOUTS:
+        dcfg, dparams = decoding_params(cfg, params, fuse, pack)
         assert shapes(dparams) == shapes(target_shapes(dcfg))
         assert sorted(dparams) == sorted(kept + [f"layers_{i}" for i in range(cfg.num_layers)])
-        assert all(dparams[k] is params[k] for k in kept)
-        again = decoding_params(dcfg, dparams, fuse)
+        assert all(dparams[k] is params[k] for k in kept if not (pack and k == "lm_head"))
+        if pack and not cfg.tie_embeddings:
+            np.testing.assert_array_equal(dparams["lm_head"]["rows"], params["lm_head"]["kernel"].T)
+        again = decoding_params(dcfg, dparams, fuse, pack)
         assert again[0] == dcfg and again[1] is dparams
-        other_cfg, other = decoding_params(dcfg, dparams, not fuse)
-        assert other_cfg.fuse_projections != fuse and shapes(other) == shapes(target_shapes(other_cfg))
-        back_cfg, back = decoding_params(other_cfg, other, fuse)
-        assert back_cfg == dcfg and jax.tree.all(jax.tree.map(np.array_equal, back, dparams))
-        assert hash(dcfg) != hash(cfg) and dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False) == cfg
+        for other_layout in LAYOUTS:
+            other_cfg, other = decoding_params(dcfg, dparams, *other_layout)
+            assert shapes(other) == shapes(target_shapes(other_cfg))
+            back_cfg, back = decoding_params(other_cfg, other, fuse, pack)
+            assert back_cfg == dcfg and jax.tree.all(jax.tree.map(np.array_equal, back, dparams))
+        plain = dataclasses.replace(dcfg, unroll_layers=False, fuse_projections=False, pack_weights=False)
+        assert hash(dcfg) != hash(cfg) and plain == cfg
 
 
 def test_fused_kernels_shard_like_the_separate_ones():

@@ -47,6 +47,8 @@ def engine(cfg, sampling, speculative=True, drafter=DRAFTER):
     arguments."""
     plan = DecodePlan(cfg, (2,), sampling, N, 3 if speculative else 0)
     source = SpecformerDrafts(drafter, drafter_shapes(cfg, drafter)) if speculative else None
+    if speculative:  # bound to the target, as the engine binds it once per call
+        source = jax.eval_shape(lambda d, p: d.bind(plan, p), source, target_params())
     pool = jax.eval_shape(lambda: empty_pool(plan, B, 64, source))
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
     chunk = (lambda p, d, s: run_chunk(plan, 4, p, d, Verify(), s)), (target_params(), source, pool)

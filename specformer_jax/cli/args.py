@@ -74,7 +74,8 @@ def add_model(p) -> None:
 def add_device_options(p) -> None:
     """--attention-impl and --mesh: how decoding runs on the devices."""
     p.add_argument("--attention-impl", choices=IMPLS, default="auto",
-                   help="attention kernels: auto = Pallas on GPU/TPU, the jnp reference on CPU")
+                   help="attention kernels: auto = Pallas on GPU/TPU, on a CPU the C++ kernel (the jnp reference "
+                        "where it cannot be built)")
     p.add_argument("--mesh", default=None,
                    help="shard decoding over devices, e.g. data=4,tensor=2 (rows over data, the model over tensor)")
 

@@ -48,6 +48,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
     p.add_argument("--plot", type=a.out_file, help="also draw tokens/s per batch size to this PNG")
     p.set_defaults(func=run_bench)
+    _add_profile_round(sub)
     _add_bench_kernels(sub)
     p = sub.add_parser("report", help="bench result files side by side with roofline estimates",
                        description="Lay `specformer bench` result files (any devices) side by side, each held against "
@@ -56,6 +57,31 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", type=a.out_file, required=True, help="Markdown report")
     p.add_argument("--plot", type=a.out_file, help="also draw measured and roofline speedup per batch size to this PNG")
     p.set_defaults(func=run_report)
+
+
+def _add_profile_round(sub) -> None:
+    p = sub.add_parser("profile-round", help="what each part of a speculative round costs, in plain steps",
+                       description="Time each part of a speculative round (the target's forward over k + 1 tokens, "
+                                   "the LM head, acceptance, bookkeeping, the drafter's layers and head) against "
+                                   "the parts of a plain step, on the engine's own functions, in one process.")
+    a.add_model(p)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
+    p.add_argument("--drafter", default="default",
+                   help="'default' (with a random:NAME model: 'random'), a drafter directory, or 'random'")
+    p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8], help="e.g. 1,8,64")
+    p.add_argument("--draft-lens", type=a.int_list("--draft-lens"), default=[1, 2, 3, 4],
+                   help="drafts per round to profile, each against the plain step (default 1,2,3,4)")
+    p.add_argument("--context", type=a.kind(POSITIVE_INT), default=72,
+                   help="tokens in every row's cache (default 72: the benchmark prompts' mean, 41, and half of "
+                        "bench's 64 new tokens)")
+    p.add_argument("--chunk-rounds", type=a.kind(POSITIVE_INT), default=8, help="rounds per chunk (R, default 8)")
+    p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=20,
+                   help="timings of every part, in turn; medians reported (default 20)")
+    p.add_argument("--attention-impl", choices=IMPLS, default="auto", help="as for bench")
+    p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
+    p.add_argument("--table", type=a.out_file, help="also write the tables as Markdown to this file")
+    p.set_defaults(func=run_profile_round)
 
 
 def _add_bench_kernels(sub) -> None:
@@ -103,6 +129,33 @@ def run_bench(args) -> int:
     if args.plot:
         plot_bench({**head, **result}, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return 0
+
+
+def run_profile_round(args) -> int:
+    from specformer_jax.bench.round_profile import profile_rounds, render_markdown
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.checkpoints.random_weights import is_random
+
+    model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
+    name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
+    if name == "none":
+        raise SpecformerError("profile-round profiles speculative rounds: it needs a drafter, not --drafter none")
+    drafter = load_drafter(name, model)
+    bad = [k for k in args.draft_lens if not 1 <= k <= drafter.cfg.num_slots]
+    if bad:
+        raise SpecformerError(f"--draft-lens must lie in 1..{drafter.cfg.num_slots} for this drafter, got {bad[0]}")
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name}
+
+    def write(doc):  # after every batch size, so an interrupted run keeps what it measured
+        write_json(args.out, {**head, **doc})
+        if args.table:
+            write_atomic(args.table, render_markdown(doc) + "\n")
+
+    profile_rounds(model, drafter, batch_sizes=args.batch_sizes, draft_lens=args.draft_lens, context=args.context,
+                   chunk_rounds=args.chunk_rounds, repeats=args.repeats, on_progress=write)
+    print(f"specformer: wrote {args.out}" + (f" and {args.table}" if args.table else ""), file=sys.stderr)
     return 0
 
 

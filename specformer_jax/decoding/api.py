@@ -140,7 +140,7 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
     if mesh is not None:
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
         B = -(-B // rows) * rows
-    model.use_decoding_layout(fuse=B == 1, mesh=mesh)
+    model.use_decoding_layout(B, mesh)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)

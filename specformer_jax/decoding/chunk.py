@@ -22,15 +22,38 @@ from specformer_jax.modeling.target import Target
 def decode_round(plan: DecodePlan, params, source, accept, s: Pool) -> Pool:
     """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget).
     source: the draft source of a speculative plan, bound to the target's parameters (draft_source.py), else None;
-    accept: the acceptance rule (speculative.Verify, or a measurement's)."""
+    accept: the acceptance rule (speculative.Verify, or a measurement's). The parts are functions of their own, which
+    `specformer profile-round` times one by one (bench/round_profile.py)."""
+    keys = round_keys(s.keys, s.row_rounds + 1)
+    with jax.named_scope("verify" if plan.speculative else "decode_step"):
+        tokens = jnp.concatenate([s.last[:, None], s.drafts], axis=1)  # [P, k + 1]
+        h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
+        n, final = accept(target_logits(plan, params, h), s.drafts, s.q, keys, plan.sampling)
+    s, kept, emitted = update(plan, s, cache, n, final)
+    if not plan.speculative:
+        return s
+    with jax.named_scope("draft"):
+        return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
+
+
+def target_pass(plan: DecodePlan, params, source, tokens: jax.Array, cache):
+    """The target's forward over every row's tokens [x, d_1..d_k] (x alone when plain), without the LM head:
+    (final-normed states [P, k + 1, d], the cache with them written, the hidden states the draft source reads)."""
+    hooks = source.hooks(plan) if plan.speculative else ()
+    return Target(plan.cfg, hooks).apply({"params": params}, tokens, cache, method=Target.forward)
+
+
+def target_logits(plan: DecodePlan, params, h: jax.Array) -> jax.Array:
+    """The LM head over every position of the round: float32 [P, k + 1, V]."""
+    return Target(plan.cfg).apply({"params": params}, h, method=Target.logits)
+
+
+def update(plan: DecodePlan, s: Pool, cache, n: jax.Array, final: jax.Array):
+    """The bookkeeping of a round with n accepted drafts and the token `final` after them per row: the tokens emitted
+    (cut after an EOS and at the budget), the cache lengths, counts and flags. Returns (pool, kept: positions each row
+    keeps in the caches (0: not live), emitted [P, k + 1]: the token after each position of [x, d_1..d_k])."""
     live = ~s.done
     P, N, k = s.out.shape[0], s.out.shape[1], plan.draft_len
-    keys = round_keys(s.keys, s.row_rounds + 1)
-    tokens = jnp.concatenate([s.last[:, None], s.drafts], axis=1)  # [P, k + 1]
-    with jax.named_scope("verify" if k else "decode_step"):
-        hooks = source.hooks(plan) if k else ()
-        logits, cache, hidden = Target(plan.cfg, hooks).apply({"params": params}, tokens, s.cache)
-        n, final = accept(logits, s.drafts, s.q, keys, plan.sampling)
     j = jnp.arange(k + 1)[None, :]
     emitted = jnp.where(j < n[:, None], jnp.pad(s.drafts, ((0, 0), (0, 1))), final[:, None])
     eos_at = jnp.min(jnp.where(is_eos(emitted, plan.eos_ids) & (j <= n[:, None]), j, k + 1), axis=1)
@@ -46,16 +69,18 @@ def decode_round(plan: DecodePlan, params, source, accept, s: Pool) -> Pool:
         accepted=s.accepted + (live[:, None] & (jnp.arange(k)[None, :] < n[:, None])),
         rounds=s.rounds + jnp.any(live),
     )
-    if not k:
-        return s
-    with jax.named_scope("draft"):
-        # the token after each position of [x, d_1..d_k] is what the row emitted there (exact up to position n)
-        drafts, q, state = source.draft(plan, hidden, s.draft_state, kept, n[:, None], emitted, keys[:, 2])
+    return s, kept, emitted
+
+
+def next_drafts(plan: DecodePlan, source, s: Pool, hidden, kept, n, emitted, keys) -> Pool:
+    """The next round's drafts of every live row, from the position of its last accepted token (the token after each
+    position of [x, d_1..d_k] is what the row emitted there: exact up to position n)."""
+    drafts, q, state = source.draft(plan, hidden, s.draft_state, kept, n[:, None], emitted, keys[:, 2])
+    live = kept > 0
     return s.replace(draft_state=state, drafts=jnp.where(live[:, None], drafts, s.drafts),
                      q=jnp.where(live[:, None, None], q, s.q))
 
 
 def run_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool: Pool) -> Pool:
-    """`rounds` rounds on the pool (R, a static trip count)."""
-    source = source.bind(plan, params) if plan.speculative else None  # once per chunk, not per round
+    """`rounds` rounds on the pool (R, a static trip count); source: bound to `params` (draft_source.py)."""
     return jax.lax.fori_loop(0, rounds, lambda _, s: decode_round(plan, params, source, accept, s), pool)

@@ -63,7 +63,7 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
     """Prefill b prompts (int32[b, Tp], right-padded; lens int32[b]) and write them into pool rows `slots` (int32[b];
     an index past the pool drops that row: how a block is padded), with their budgets and PRNG keys. Each row emits
     its first token, and a speculative row gets its first drafts from the same forward (source: the draft source
-    of a speculative plan, else None)."""
+    of a speculative plan, bound to `params`, else None)."""
     b, Tp = prompts.shape
     hooks = source.hooks(plan) if plan.speculative else ()
     with jax.named_scope("prefill"):
@@ -76,8 +76,8 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
     if plan.speculative:
         after = jnp.where(jnp.arange(Tp)[None, :] == (lens - 1)[:, None], first[:, None],
                           jnp.pad(prompts[:, 1:], ((0, 0), (0, 1))))  # the token after each prompt position
-        drafts, q, state = source.bind(plan, params).draft(plan, hidden, source.empty_state(plan, b, Tp), lens,
-                                                           (lens - 1)[:, None], after, keys0[:, 2])
+        drafts, q, state = source.draft(plan, hidden, source.empty_state(plan, b, Tp), lens, (lens - 1)[:, None],
+                                        after, keys0[:, 2])
         pool = pool.replace(draft_state=_write_rows(pool.draft_state, state, slots, lens, Tp),
                             drafts=put(pool.drafts, drafts), q=put(pool.q, q))
     zeros = jnp.zeros((b,), jnp.int32)

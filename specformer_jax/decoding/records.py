@@ -156,7 +156,7 @@ def _batch_entries(entries) -> dict[tuple[int, int], dict]:
 @functools.cache
 def code_fingerprint() -> str:
     h = hashlib.sha256()
-    for f in sorted(p for d in TIMED_CODE for p in d.glob("*.py")):
+    for f in sorted(p for d in TIMED_CODE for p in d.iterdir() if p.suffix in (".py", ".cc")):  # .cc: CPU kernels
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -168,12 +168,13 @@ def _hashed(parts) -> str:
 def _model(model: LoadedTarget) -> str:
     """The target as its checkpoint describes it: in the decoding layout (modeling/target.py, `decoding_params`) it is
     the same model, so its records are the same."""
-    return repr(dataclasses.replace(model.cfg, unroll_layers=False, fuse_projections=False))
+    return repr(dataclasses.replace(model.cfg, unroll_layers=False, fuse_projections=False, pack_weights=False))
 
 
 def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> str:
     dev = jax.devices()[0]
-    return _hashed([dev.platform, dev.device_kind, jax.__version__, _model(model), repr(drafter.cfg), batch_size,
+    # the layout too (model.cfg as it decodes): the packed CPU layout and XLA's matmuls cost differently
+    return _hashed([dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size,
                     cache_len, code_fingerprint()])
 
 

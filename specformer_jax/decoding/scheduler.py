@@ -52,6 +52,7 @@ class _Engine:
     they pass along."""
 
     def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh):
+        source = source.bind(plan, params) if plan.speculative else None  # once per call: not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
         self.compile_seconds = 0.0

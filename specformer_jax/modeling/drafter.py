@@ -83,7 +83,7 @@ class Drafter(nn.Module):
         # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code),
         # and separate q/k/v whatever the target's parameter layout: the drafter's parameters keep one layout.
         self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None,
-                                                          fuse_projections=False))
+                                                          fuse_projections=False, pack_weights=False))
         self.expand_norm = norm()
         # the bias acts as a learned per-slot embedding
         self.expand = dense(c.num_slots * t.hidden_size, t.dtype, ("embed", None), bias=True)
@@ -158,9 +158,12 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
     `Target.head` with them gives logits over V' only. vocab None: the whole head, unchanged."""
     if vocab is None:
         return target_cfg, target_params
+    cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
+    if target_cfg.pack_weights:  # the head as rows (modeling/layers.py, HeadRows): the vocabulary's rows
+        rows = target_params["embed"]["embedding"] if target_cfg.tie_embeddings else target_params["lm_head"]["rows"]
+        return cfg, {"final_norm": target_params["final_norm"], "lm_head": {"rows": rows[vocab]}}
     matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings
               else target_params["lm_head"]["kernel"][:, vocab])
-    cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
     return cfg, {"final_norm": target_params["final_norm"], "lm_head": {"kernel": matrix}}
 
 

@@ -4,11 +4,15 @@ mesh: batch, embed, heads, kv_heads, mlp, vocab, or None for a dimension that is
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec
+
+from pallas_kernels.cpu import PANEL, packed_matmul, panel_count, rows_matmul
 
 
 def with_axes(init, *axes: str | None):
@@ -18,11 +22,49 @@ def with_axes(init, *axes: str | None):
 
 
 def dense(features: int, dtype, axes: tuple, *, bias: bool = False, name: str | None = None,
-          kernel_init=nn.linear.default_kernel_init) -> nn.Dense:
-    """nn.Dense in `dtype` whose kernel [in, features] has the logical axes `axes` (its bias the last one)."""
+          kernel_init=nn.linear.default_kernel_init, packed: bool = False) -> nn.Module:
+    """nn.Dense in `dtype` whose kernel [in, features] has the logical axes `axes` (its bias the last one); with
+    `packed`, the same layer with its kernel held as column panels (`PackedDense`)."""
+    if packed:
+        return PackedDense(features, dtype, axes, bias, name=name)
     return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name,
                     kernel_init=with_axes(kernel_init, *axes),
                     bias_init=with_axes(nn.initializers.zeros_init(), *axes[-1:]))
+
+
+class PackedDense(nn.Module):
+    """A dense layer whose kernel [in, features] is held as column panels "panels" [P, in, PANEL]
+    (pallas_kernels.cpu.pack_columns) and multiplied by the CPU matmul kernel: the packed decoding layout."""
+
+    features: int
+    dtype: Any
+    axes: tuple  # the kernel's logical axes (in, out), as `dense`'s
+    bias: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.lecun_normal(in_axis=1, out_axis=(0, 2))
+        shape = (panel_count(self.features), x.shape[-1], PANEL)
+        panels = self.param("panels", with_axes(init, None, self.axes[0], None), shape, self.dtype)
+        y = packed_matmul(x.astype(self.dtype), panels, self.features)
+        if self.bias:
+            y = y + self.param("bias", with_axes(nn.initializers.zeros_init(), self.axes[-1]), (self.features,),
+                               self.dtype)
+        return y
+
+
+class HeadRows(nn.Module):
+    """An LM head held as rows "rows" [vocab, d] (the transposed kernel), as the CPU rows kernel reads it: an untied
+    head in the packed decoding layout (a tied one reads the embedding, which is such rows already)."""
+
+    num_rows: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        rows = self.param("rows", with_axes(nn.linear.default_embed_init, "vocab", "embed"),
+                          (self.num_rows, x.shape[-1]), self.dtype)
+        return rows_matmul(x.astype(self.dtype), rows)
 
 
 def logical_axes(boxed) -> dict:
@@ -66,10 +108,14 @@ class SwiGLU(nn.Module):
     dtype: jnp.dtype = jnp.float32
     # gate and up as one matmul over a [d, 2, intermediate] kernel "gate_up" (one read of x, one larger matmul)
     fused: bool = False
+    packed: bool = False  # the kernels as column panels (PackedDense; fused: gate_up's [d, 2 * intermediate])
 
     @nn.compact
     def __call__(self, x):
-        if self.fused:
+        if self.packed:
+            gate_up = dense(2 * self.intermediate, self.dtype, ("embed", "mlp"), name="gate_up", packed=True)(x)
+            gate, up = gate_up[..., : self.intermediate], gate_up[..., self.intermediate:]
+        elif self.fused:
             gate_up = nn.DenseGeneral((2, self.intermediate), use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                                       kernel_init=with_axes(nn.linear.default_kernel_init, "embed", None, "mlp"),
                                       name="gate_up")(x)
@@ -77,4 +123,4 @@ class SwiGLU(nn.Module):
         else:
             gate = dense(self.intermediate, self.dtype, ("embed", "mlp"), name="gate")(x)
             up = dense(self.intermediate, self.dtype, ("embed", "mlp"), name="up")(x)
-        return dense(self.hidden, self.dtype, ("mlp", "embed"), name="down")(nn.silu(gate) * up)
+        return dense(self.hidden, self.dtype, ("mlp", "embed"), name="down", packed=self.packed)(nn.silu(gate) * up)

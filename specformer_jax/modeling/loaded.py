@@ -5,6 +5,8 @@ that a drafter fits a target. The loaders (checkpoints/) make these values; the 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Any
 
 import jax
@@ -12,8 +14,10 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh
 
+from pallas_kernels.cpu import build_cpu_kernels
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import cache_dir
 from specformer_jax.modeling.drafter import DrafterParams, drafter_shapes
 from specformer_jax.modeling.target import Target, decoding_params, target_axes
 from specformer_jax.parallel import param_shardings
@@ -37,11 +41,13 @@ class LoadedTarget:
     def module(self, hooks=()) -> Target:
         return Target(self.cfg, tuple(hooks))
 
-    def use_decoding_layout(self, fuse: bool, mesh: Mesh | None = None) -> None:
-        """Hold the parameters in the decoding layout (modeling/target.py, `decoding_params`; `fuse` for a pool of
-        one row) and, given a mesh, sharded over it by their logical axes: converted in place, the old arrays
+    def use_decoding_layout(self, pool_size: int, mesh: Mesh | None = None) -> None:
+        """Hold the parameters in the decoding layout for a pool of `pool_size` rows (modeling/target.py,
+        `decoding_params`): packed for the CPU matmul kernels on a CPU that has them (any pool size), else fused for
+        a pool of one row; given a mesh, sharded over it by their logical axes. Converted in place, the old arrays
         dropped, so the weights live once whatever layouts calls ask for. A layout already held costs nothing."""
-        cfg, params = decoding_params(self.cfg, self.params, fuse)
+        pack = mesh is None and cpu_kernels_ready(self.cfg)
+        cfg, params = decoding_params(self.cfg, self.params, fuse=pool_size == 1, pack=pack)
         if mesh is not None:
             params = jax.device_put(params, param_shardings(params, target_axes(cfg), mesh))
         self.cfg, self.params = cfg, params
@@ -56,6 +62,22 @@ class LoadedDrafter:
     params: DrafterParams
     meta: dict  # drafter.json contents (training recipe, target source, eval numbers when recorded)
     sha256: str | None = None  # of params.safetensors when loaded from a directory: which weights a result used
+
+
+def cpu_kernels_ready(cfg: TargetConfig) -> bool:
+    """Whether a float32 model on the CPU decodes with the CPU matmul kernels (pallas_kernels/cpu.py): built once per
+    machine under the cache directory; SPECFORMER_CPU_KERNELS=0 turns them off. A build that fails says why, once,
+    and decoding runs XLA's matmuls."""
+    if cfg.dtype != "float32" or jax.default_backend() != "cpu" or os.environ.get("SPECFORMER_CPU_KERNELS") == "0":
+        return False
+    failure = build_cpu_kernels(cache_dir() / "kernels")
+    if failure and not _said.get(failure):
+        _said[failure] = True
+        print(f"specformer: {failure}; decoding uses XLA's matmuls", file=sys.stderr)
+    return failure is None
+
+
+_said: dict[str, bool] = {}
 
 
 def checked_target(model, what: str = "model") -> LoadedTarget:

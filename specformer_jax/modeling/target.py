@@ -16,12 +16,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from pallas_kernels import ragged_attention
+from pallas_kernels.cpu import pack_columns, rows_matmul, unpack_columns
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache, write_tokens
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
+from specformer_jax.modeling.layers import HeadRows, RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
 
 
 def _project_qkv(cfg: TargetConfig, x):
@@ -30,8 +32,12 @@ def _project_qkv(cfg: TargetConfig, x):
     can shard it by KV head like the separate kernels."""
     B, T, _ = x.shape
     H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    G = H // Hkv
+    if cfg.pack_weights:  # the fused kernel as column panels, the same columns in the same order
+        qkv = dense(Hkv * (G + 2) * D, cfg.dtype, ("embed", "kv_heads"), bias=cfg.qkv_bias, name="qkv",
+                    packed=True)(x).reshape(B, T, Hkv, G + 2, D)
+        return qkv[..., :G, :].reshape(B, T, H, D), qkv[..., G, :], qkv[..., G + 1, :]
     if cfg.fuse_projections:
-        G = H // Hkv
         qkv = nn.DenseGeneral((Hkv, G + 2, D), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.dtype,
                               kernel_init=with_axes(nn.linear.default_kernel_init, "embed", "kv_heads", None, None),
                               bias_init=with_axes(nn.initializers.zeros_init(), "kv_heads", None, None),
@@ -60,9 +66,10 @@ class Attention(nn.Module):
         q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
         k_all = write_tokens(k_all, layer, k, start)
         v_all = write_tokens(v_all, layer, v, start)
-        o = ragged_attention(q, k_all[layer], v_all[layer], kv_len, causal=True, sliding_window=cfg.sliding_window,
-                             impl=cfg.attention_impl)
-        return dense(cfg.hidden_size, cfg.dtype, ("heads", "embed"), name="o")(o.reshape(B, T, -1)), k_all, v_all
+        o = ragged_attention(q, k_all, v_all, kv_len, causal=True, sliding_window=cfg.sliding_window,
+                             impl=cfg.attention, layer=layer)
+        out = dense(cfg.hidden_size, cfg.dtype, ("heads", "embed"), name="o", packed=cfg.pack_weights)
+        return out(o.reshape(B, T, -1)), k_all, v_all
 
 
 class DecoderLayer(nn.Module):
@@ -80,7 +87,8 @@ class DecoderLayer(nn.Module):
             RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len
         )
         h = h + attn_out
-        h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, cfg.fuse_projections, name="mlp")(
+        h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, cfg.fuse_projections, cfg.pack_weights,
+                       name="mlp")(
             RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_norm")(h)
         )
         hooked = tuple(jnp.where(layer + 1 == idx, h, prev) for idx, prev in zip(self.hooks, hooked))
@@ -111,7 +119,9 @@ class Target(nn.Module):
                 metadata_params={nn.PARTITION_NAME: None},  # the stacked layers' axis is never split
             )(cfg, self._inner)
         self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype)
-        if not cfg.tie_embeddings:
+        if cfg.pack_weights and not cfg.tie_embeddings:
+            self.lm_head = HeadRows(cfg.vocab_size, cfg.dtype)
+        elif not cfg.tie_embeddings:
             self.lm_head = dense(cfg.vocab_size, cfg.dtype, ("embed", "vocab"))
 
     def __call__(
@@ -121,6 +131,12 @@ class Target(nn.Module):
         num_new: jax.Array | None = None,  # int32[B]: real tokens per row (the rest is right padding); default T
         logits_at: jax.Array | None = None,  # int32[B, P]: positions in [0, T) to compute logits for; default all
     ):
+        h_final, cache, hidden = self.forward(tokens, cache, num_new)
+        x = h_final if logits_at is None else jnp.take_along_axis(h_final, logits_at[:, :, None], axis=1)
+        return self.logits(x), cache, hidden
+
+    def forward(self, tokens: jax.Array, cache: KVCache, num_new: jax.Array | None = None):
+        """(final-normed states [B, T, d], cache, hidden): `__call__` without the LM head."""
         cfg = self.cfg
         B, T = tokens.shape
         h = self.embed(tokens)
@@ -133,9 +149,8 @@ class Target(nn.Module):
         h_final = self.final_norm(h_last)
         states = {0: h, cfg.num_layers: h_final, **hooked}
         hidden = {i: states[i] for i in self._hooks}
-        x = h_final if logits_at is None else jnp.take_along_axis(h_final, logits_at[:, :, None], axis=1)
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-        return self.logits(x), KVCache(k_all, v_all, cache.lengths + added), hidden
+        return h_final, KVCache(k_all, v_all, cache.lengths + added), hidden
 
     def _scanned(self, h, k_all, v_all, *args):
         """All layers under one scan; the inner hooks' states are picked up as they pass. Returns (h, k_all, v_all,
@@ -156,7 +171,10 @@ class Target(nn.Module):
     def logits(self, x):
         """LM head on final-normed states, float32 (tied embeddings or a separate head)."""
         with jax.named_scope("lm_head"):
-            out = self.embed.attend(x) if self.cfg.tie_embeddings else self.lm_head(x)
+            if self.cfg.tie_embeddings:  # the embedding's rows are the head's (the CPU rows kernel when packed)
+                out = rows_matmul(x, self.embed.embedding) if self.cfg.pack_weights else self.embed.attend(x)
+            else:
+                out = self.lm_head(x)
         return out.astype(jnp.float32)
 
     def head(self, x):
@@ -188,26 +206,58 @@ def init_target(cfg: TargetConfig, rng: jax.Array) -> dict:
     return jax.jit(lambda key: nn.unbox(Target(cfg).init(key, jnp.zeros((1, 2), jnp.int32), cache)["params"]))(rng)
 
 
-def decoding_params(cfg: TargetConfig, params, fuse: bool = False) -> tuple[TargetConfig, dict]:
+def decoding_params(cfg: TargetConfig, params, fuse: bool = False, pack: bool = False) -> tuple[TargetConfig, dict]:
     """(config, parameters) in a decoding layout: per-layer parameters "layers_{i}" (cfg.unroll_layers); with `fuse`,
-    q/k/v fused into "qkv" and gate/up into "gate_up" (cfg.fuse_projections). From the stacked layout of checkpoints
-    and training, or from the other decoding layout. Fusing pays where a step's matmuls are matrix-vector products
-    (one row of one token); on a CPU with few cores, wider steps run faster unfused (XLA runs independent matmuls
-    side by side). The embedding, final norm and LM head are kept as they are (the drafter reads them); the layer
-    weights are copied, so convert once per model (LoadedTarget.use_decoding_layout holds the result in place of
-    the old copy), on the loaded arrays (not inside a compiled step, which would copy the slices at every call). A
-    config already in the requested layout comes back unchanged."""
-    if cfg.unroll_layers and cfg.fuse_projections == fuse:
+    q/k/v fused into "qkv" and gate/up into "gate_up" (cfg.fuse_projections); with `pack` (fused too), every layer
+    kernel held as column panels for the CPU matmul kernels and an untied LM head as rows (cfg.pack_weights,
+    pallas_kernels/cpu.py). From the stacked layout of checkpoints and training, or from another decoding layout.
+
+    On an accelerator, fusing pays where a step's matmuls are matrix-vector products (one row of one token); XLA runs
+    wider steps' independent matmuls side by side. On a CPU the packed layout serves every batch size: its kernels
+    read each weight once per call for any number of rows. The embedding and final norm are kept as they are (the
+    drafter reads them); the layer weights are copied, so convert once per model (LoadedTarget.use_decoding_layout
+    holds the result in place of the old copy), on the loaded arrays (not inside a compiled step, which would copy
+    the slices at every call). A config already in the requested layout comes back unchanged."""
+    fuse = fuse or pack
+    if cfg.unroll_layers and cfg.fuse_projections == fuse and cfg.pack_weights == pack:
         return cfg, params
     out = {name: p for name, p in params.items() if not name.startswith("layers")}
+    if "lm_head" in out and cfg.pack_weights != pack:  # [d, V] kernel <-> [V, d] rows
+        out["lm_head"] = {"rows": out["lm_head"]["kernel"].T} if pack else {"kernel": out["lm_head"]["rows"].T}
+    fused = cfg.unroll_layers and cfg.fuse_projections
     for i in range(cfg.num_layers):  # op by op: every layer has the same shapes, so each op compiles once
-        if cfg.unroll_layers:
-            layer = params[f"layers_{i}"]
-            layer = _unfused(cfg, layer) if cfg.fuse_projections else layer
-        else:
-            layer = jax.tree.map(lambda w: w[i], params["layers"])
-        out[f"layers_{i}"] = _fused(cfg, layer) if fuse else layer
-    return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=fuse), out
+        layer = params[f"layers_{i}"] if cfg.unroll_layers else jax.tree.map(lambda w: w[i], params["layers"])
+        layer = _unpacked(cfg, layer) if cfg.pack_weights else layer
+        layer = _unfused(cfg, layer) if fused and not fuse else _fused(cfg, layer) if fuse and not fused else layer
+        out[f"layers_{i}"] = _packed(layer) if pack else layer
+    return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=fuse, pack_weights=pack), out
+
+
+def _packed(layer) -> dict:
+    """A fused layer with every kernel as column panels "panels" (`pack_columns` of the kernel as an [in, out]
+    matrix) and the q/k/v bias flat: the parameters `PackedDense` reads."""
+    def one(p):
+        if "kernel" not in p:  # norms
+            return p
+        return {"panels": pack_columns(p["kernel"].reshape(p["kernel"].shape[0], -1)),
+                **({"bias": p["bias"].reshape(-1)} if "bias" in p else {})}
+
+    return {**layer, "attn": {n: one(p) for n, p in layer["attn"].items()},
+            "mlp": {n: one(p) for n, p in layer["mlp"].items()}}
+
+
+def _unpacked(cfg: TargetConfig, layer) -> dict:
+    """`_packed` undone: the fused layer's kernels and bias in their shapes again."""
+    fused = target_shapes(dataclasses.replace(cfg, pack_weights=False))["layers_0"]
+
+    def one(p, shapes):
+        if "panels" not in p:
+            return p
+        kernel = shapes["kernel"].shape
+        return {"kernel": unpack_columns(p["panels"], int(np.prod(kernel[1:]))).reshape(kernel),
+                **({"bias": p["bias"].reshape(shapes["bias"].shape)} if "bias" in p else {})}
+
+    return {**layer, **{part: {n: one(p, fused[part][n]) for n, p in layer[part].items()} for part in ("attn", "mlp")}}
 
 
 def _fused(cfg: TargetConfig, layer) -> dict:

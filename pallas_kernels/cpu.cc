@@ -1,0 +1,488 @@
+// Kernels for decoding on CPUs, called by XLA through its FFI (pallas_kernels/cpu.py builds and registers this
+// file). Decoding feeds a few rows (a pool's tokens: 1 for a plain step at batch 1, k + 1 for a speculative round)
+// through every weight matrix and against every row's KV cache once per step, so a step should cost one read of the
+// weights and of the valid cache, whatever the number of rows.
+//
+//   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
+//              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
+//              for 2-8 rows repack W on every call and cost up to twice the one-row product.
+//   rows:      y[M, N] = x[M, K] @ E^T, E [N, K] row-major as it is (an embedding matrix used as the LM head).
+//   attention: new query tokens against one layer of a stacked KV cache [L, B, Hkv, S, D] with per-row lengths,
+//              causal with an offset or bidirectional, with an optional sliding window. It reads each row's valid
+//              keys and values once, where XLA's version copies the layer out of the stack, masks the whole
+//              cache and computes over all S positions.
+//
+// A matmul output element is summed over k in the same order whatever M is, so a row gets bitwise the same product
+// in a one-token step and in a (k + 1)-token verify pass. Work is split over XLA's intra-op thread pool; the calling
+// thread takes a share too.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float vec __attribute__((vector_size(64)));    // 16 floats: one AVX-512 register, two AVX2 ones
+typedef int32_t ivec __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
+constexpr int kPanelRows = 8;        // rows of x per register tile in the packed kernel
+constexpr int kPrefetchRows = 16;    // panel rows (128 bytes each) read ahead
+constexpr int kRowsBlock = 2;        // rows of E per block in the rows kernel
+constexpr int kRowsTile = 6;         // rows of x per register tile in the rows kernel
+constexpr int kRowsPrefetch = 2048;  // floats of a row of E read ahead
+constexpr int64_t kInlineWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread alone
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline vec splat(float s) { return vec{} + s; }
+
+inline float hsum(vec v) {  // by halves: 16 -> 8 -> 4 lanes, then scalars
+  typedef float half __attribute__((vector_size(32)));
+  typedef float quarter __attribute__((vector_size(16)));
+  half a, b;
+  std::memcpy(&a, &v, sizeof(a));
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof(a), sizeof(b));
+  a += b;
+  quarter c, d;
+  std::memcpy(&c, &a, sizeof(c));
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof(c), sizeof(d));
+  c += d;
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the maximum), to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2,
+// exp(r) by the degree-7 polynomial of Cephes' expf, times 2^n built in the exponent bits.
+inline vec exp_nonpositive(vec x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const vec n = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);  // round to nearest
+  const vec r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Units of work split in chunks claimed by the calling thread and the pool's helpers alike; a helper that starts
+// late finds nothing left and returns (the state outlives the call through its shared_ptr).
+struct Job {
+  std::function<void(int, int)> run;  // units [u0, u1)
+  int units = 0, chunk = 1, chunks = 0;
+  std::atomic<int> next{0}, finished{0};
+
+  void work() {
+    for (int c; (c = next.fetch_add(1)) < chunks;) {
+      run(c * chunk, std::min(units, (c + 1) * chunk));
+      finished.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+void run_units(ffi::ThreadPool& pool, int units, int64_t work, std::function<void(int, int)> run) {
+  const int threads = work < kInlineWork ? 1 : static_cast<int>(std::max<int64_t>(1, pool.num_threads()));
+  if (threads == 1 || units == 1) {
+    run(0, units);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->run = std::move(run);
+  job->units = units;
+  const int wanted = std::min(units, 4 * threads);
+  job->chunk = (units + wanted - 1) / wanted;
+  job->chunks = (units + job->chunk - 1) / job->chunk;
+  for (int t = 1; t < threads && t < job->chunks; ++t) pool.Schedule([job] { job->work(); });
+  job->work();
+  for (int spins = 0; job->finished.load(std::memory_order_acquire) < job->chunks; ++spins) {
+    if (spins < 4096) {
+      relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+//===--------------------------------------------------------------------------------------------------------===//
+// Matrix products
+//===--------------------------------------------------------------------------------------------------------===//
+
+// R rows of x (row stride K) times one panel [K, 32] -> R x 32 outputs (row stride N).
+template <int R>
+void panel_tile(const float* __restrict x, int K, const float* __restrict panel, float* __restrict y, int N) {
+  vec acc[R][2];
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
+  for (int k = 0; k < K; ++k) {
+    const float* w = panel + static_cast<size_t>(k) * kPanel;
+    __builtin_prefetch(w + kPrefetchRows * kPanel);
+    __builtin_prefetch(w + kPrefetchRows * kPanel + kLanes);
+    const vec w0 = load(w), w1 = load(w + kLanes);
+    for (int m = 0; m < R; ++m) {
+      const float s = x[static_cast<size_t>(m) * K + k];
+      acc[m][0] += s * w0;
+      acc[m][1] += s * w1;
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    store(y + static_cast<size_t>(m) * N, acc[m][0]);
+    store(y + static_cast<size_t>(m) * N + kLanes, acc[m][1]);
+  }
+}
+
+// B rows of E against R rows of x: y[m, n] for the block's n.
+template <int R, int B>
+void rows_tile(const float* __restrict x, int K, const float* __restrict e, float* __restrict y, int N) {
+  vec acc[R][B];
+  for (int m = 0; m < R; ++m)
+    for (int b = 0; b < B; ++b) acc[m][b] = vec{};
+  const int K16 = K - K % kLanes;
+  for (int k = 0; k < K16; k += kLanes) {
+    vec ev[B];
+    for (int b = 0; b < B; ++b) {
+      ev[b] = load(e + static_cast<size_t>(b) * K + k);
+      __builtin_prefetch(e + static_cast<size_t>(b) * K + k + kRowsPrefetch);
+    }
+    for (int m = 0; m < R; ++m) {
+      const vec xv = load(x + static_cast<size_t>(m) * K + k);
+      for (int b = 0; b < B; ++b) acc[m][b] += xv * ev[b];
+    }
+  }
+  for (int m = 0; m < R; ++m)
+    for (int b = 0; b < B; ++b) {
+      float s = hsum(acc[m][b]);
+      for (int k = K16; k < K; ++k) s += x[static_cast<size_t>(m) * K + k] * e[static_cast<size_t>(b) * K + k];
+      y[static_cast<size_t>(m) * N + b] = s;
+    }
+}
+
+// Tiles of a compile-time height R, the last one `rows` high (dispatch by recursion on R).
+template <int R>
+void panel_rows(int rows, const float* x, int K, const float* panel, float* y, int N) {
+  if constexpr (R > 1) {
+    if (rows < R) return panel_rows<R - 1>(rows, x, K, panel, y, N);
+  }
+  panel_tile<R>(x, K, panel, y, N);
+}
+
+template <int R, int B>
+void rows_rows(int rows, const float* x, int K, const float* e, float* y, int N) {
+  if constexpr (R > 1) {
+    if (rows < R) return rows_rows<R - 1, B>(rows, x, K, e, y, N);
+  }
+  rows_tile<R, B>(x, K, e, y, N);
+}
+
+// Panels [p0, p1) of W against every tile of x rows (each panel read once from memory).
+void packed_units(const float* x, int M, int K, const float* w, float* y, int N, int p0, int p1) {
+  for (int p = p0; p < p1; ++p)
+    for (int m0 = 0; m0 < M; m0 += kPanelRows)
+      panel_rows<kPanelRows>(std::min(kPanelRows, M - m0), x + static_cast<size_t>(m0) * K, K,
+                             w + static_cast<size_t>(p) * K * kPanel, y + static_cast<size_t>(m0) * N + p * kPanel,
+                             N);
+}
+
+// Blocks [u0, u1) of kRowsBlock rows of E against every tile of x rows.
+void rows_units(const float* x, int M, int K, const float* e, float* y, int N, int u0, int u1) {
+  for (int u = u0; u < u1; ++u) {
+    const int n = u * kRowsBlock;
+    for (int m0 = 0; m0 < M; m0 += kRowsTile) {
+      const int rows = std::min(kRowsTile, M - m0);
+      const float* xm = x + static_cast<size_t>(m0) * K;
+      float* yn = y + static_cast<size_t>(m0) * N + n;
+      if (N - n >= kRowsBlock) {
+        rows_rows<kRowsTile, kRowsBlock>(rows, xm, K, e + static_cast<size_t>(n) * K, yn, N);
+      } else {
+        for (int b = n; b < N; ++b)
+          rows_rows<kRowsTile, 1>(rows, xm, K, e + static_cast<size_t>(b) * K, yn + (b - n), N);
+      }
+    }
+  }
+}
+
+ffi::Error Matmul(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::F32>& w,
+                  ffi::ResultBuffer<ffi::F32>& y, bool packed) {
+  const auto wd = w.dimensions();
+  if (wd.size() != (packed ? 3u : 2u) || (packed && wd[2] != kPanel)) {
+    return ffi::Error::InvalidArgument("specformer cpu matmul: weights of the wrong rank or panel width");
+  }
+  const int K = static_cast<int>(wd[1]);  // panels [P, K, 32] or rows [N, K]
+  const int N = static_cast<int>(packed ? wd[0] * kPanel : wd[0]);
+  const auto xd = x.dimensions();
+  if (xd.size() == 0 || xd.back() != K || y->element_count() != x.element_count() / std::max(K, 1) * N) {
+    return ffi::Error::InvalidArgument("specformer cpu matmul: operand shapes do not match");
+  }
+  const int M = K ? static_cast<int>(x.element_count() / K) : 0;
+  float* out = y->typed_data();
+  if (K == 0) std::memset(out, 0, sizeof(float) * y->element_count());
+  if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
+  const float *xs = x.typed_data(), *ws = w.typed_data();
+  const int64_t work = static_cast<int64_t>(M) * K * N;
+  if (packed) {
+    run_units(pool, N / kPanel, work, [=](int u0, int u1) { packed_units(xs, M, K, ws, out, N, u0, u1); });
+  } else {
+    run_units(pool, (N + kRowsBlock - 1) / kRowsBlock, work,
+              [=](int u0, int u1) { rows_units(xs, M, K, ws, out, N, u0, u1); });
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  return Matmul(pool, x, panels, y, true);
+}
+
+ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> rows,
+                      ffi::ResultBuffer<ffi::F32> y) {
+  return Matmul(pool, x, rows, y, false);
+}
+
+//===--------------------------------------------------------------------------------------------------------===//
+// Attention against a KV cache
+//===--------------------------------------------------------------------------------------------------------===//
+
+struct AttentionShape {
+  int B, Q, H, Hkv, S, D;
+  bool causal;
+  int64_t window;  // 0: none
+  float scale;
+};
+
+// Softmax of scores[lo, hi) in place (those outside the range are never read); returns the sum of the exponentials.
+float softmax_range(float* s, int lo, int hi) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int j = lo; j < hi; ++j) m = std::max(m, s[j]);
+  vec total{};
+  int j = lo;
+  for (; j + kLanes <= hi; j += kLanes) {
+    const vec e = exp_nonpositive(load(s + j) - splat(m));
+    store(s + j, e);
+    total += e;
+  }
+  float tail[kLanes] = {};
+  const int rest = hi - j;
+  for (int i = 0; i < rest; ++i) tail[i] = s[j + i] - m;
+  vec e = exp_nonpositive(load(tail));
+  for (int i = 0; i < rest; ++i) s[j + i] = e[i];
+  float sum = hsum(total);
+  for (int i = 0; i < rest; ++i) sum += e[i];
+  return sum;
+}
+
+// Query token t of a row with `length` valid entries sits at position length - Q + t and sees keys [lo, hi).
+inline void key_range(const AttentionShape& a, int length, int t, int* lo, int* hi) {
+  const int pos = length - a.Q + t;
+  *hi = std::max(0, a.causal ? std::min(pos + 1, length) : length);
+  *lo = a.window > 0 ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(pos - a.window + 1, 0), *hi)) : 0;
+}
+
+// Scores of R query rows against 16 keys held transposed in `block` [D, 16]: R independent sums per lane.
+template <int R>
+void score_rows(const float* const* rows, const float* block, int D, float scale, float* const* out, int n) {
+  vec acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vec{};
+  for (int d = 0; d < D; ++d) {
+    const vec keys = load(block + d * kLanes);
+    for (int r = 0; r < R; ++r) acc[r] += rows[r][d] * keys;
+  }
+  for (int r = 0; r < R; ++r) {
+    acc[r] *= splat(scale);
+    std::memcpy(out[r], &acc[r], sizeof(float) * n);
+  }
+}
+
+// out[r][0, 16 NV) = sum over keys j in [lo, hi) of p[r][j - j0] * v_j[0, 16 NV): R rows' sums in registers, each
+// value row read once for all of them.
+template <int R, int NV>
+void weigh_values(const float* const* p, int j0, const float* v, int D, int lo, int hi, float* const* out) {
+  vec acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NV; ++i) acc[r][i] = vec{};
+  for (int j = lo; j < hi; ++j) {
+    vec vj[NV];
+    for (int i = 0; i < NV; ++i) vj[i] = load(v + static_cast<size_t>(j) * D + i * kLanes);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < NV; ++i) acc[r][i] += p[r][j - j0] * vj[i];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NV; ++i) store(out[r] + i * kLanes, acc[r][i]);
+}
+
+template <int R>
+void weigh_values_nv(int nv, const float* const* p, int j0, const float* v, int D, int lo, int hi,
+                     float* const* out) {
+  switch (nv) {
+    case 4: return weigh_values<R, 4>(p, j0, v, D, lo, hi, out);
+    case 3: return weigh_values<R, 3>(p, j0, v, D, lo, hi, out);
+    case 2: return weigh_values<R, 2>(p, j0, v, D, lo, hi, out);
+    default: return weigh_values<R, 1>(p, j0, v, D, lo, hi, out);
+  }
+}
+
+constexpr int kGroup = 4;  // query rows whose sums share the registers
+
+// One (row b, KV head h) unit: its Q x G query rows against the row's valid keys (D a multiple of 16).
+void attention_unit(const AttentionShape& a, const float* q, const float* k, const float* v, int length, int b,
+                    int h, float* out, std::vector<float>& scratch) {
+  const int G = a.H / a.Hkv, rows = a.Q * G, D = a.D;
+  int j0 = length, j1 = 0;
+  for (int t = 0; t < a.Q; ++t) {
+    int lo, hi;
+    key_range(a, length, t, &lo, &hi);
+    if (lo < hi) j0 = std::min(j0, lo), j1 = std::max(j1, hi);
+  }
+  const int width = std::max(j1 - j0, 0);
+  scratch.assign(static_cast<size_t>(rows) * (width + D) + static_cast<size_t>(D) * kLanes, 0.0f);
+  float* scores = scratch.data();                                   // [rows, width], key j at column j - j0
+  float* acc = scratch.data() + static_cast<size_t>(rows) * width;  // [rows, D]
+  float* block = acc + static_cast<size_t>(rows) * D;               // [D, 16]: 16 keys, transposed
+  const float* kh = k + (static_cast<size_t>(b) * a.Hkv + h) * a.S * D;
+  const float* vh = v + (static_cast<size_t>(b) * a.Hkv + h) * a.S * D;
+  const float* qh = q + static_cast<size_t>(b) * a.Q * a.H * D + static_cast<size_t>(h) * G * D;
+  auto query = [&](int r) { return qh + (static_cast<size_t>(r / G) * a.H + r % G) * D; };
+  const float* rows_q[kGroup];
+  float* rows_out[kGroup];
+  for (int jb = j0; jb < j1; jb += kLanes) {  // scores, 16 keys at a time: each key read once
+    const int n = std::min(kLanes, j1 - jb);
+    const float* kb = kh + static_cast<size_t>(jb) * D;
+    for (int d = 0; d < D; ++d)
+      for (int i = 0; i < kLanes; ++i) block[d * kLanes + i] = i < n ? kb[static_cast<size_t>(i) * D + d] : 0.0f;
+    for (int t = 0; t < a.Q; ++t) {
+      int lo, hi;
+      key_range(a, length, t, &lo, &hi);
+      if (jb + n <= lo || jb >= hi) continue;  // none of these keys is visible to this token
+      for (int g0 = 0; g0 < G; g0 += kGroup) {
+        const int R = std::min(kGroup, G - g0);
+        for (int r = 0; r < R; ++r) {
+          rows_q[r] = query(t * G + g0 + r);
+          rows_out[r] = scores + static_cast<size_t>(t * G + g0 + r) * width + jb - j0;
+        }
+        switch (R) {
+          case 4: score_rows<4>(rows_q, block, D, a.scale, rows_out, n); break;
+          case 3: score_rows<3>(rows_q, block, D, a.scale, rows_out, n); break;
+          case 2: score_rows<2>(rows_q, block, D, a.scale, rows_out, n); break;
+          default: score_rows<1>(rows_q, block, D, a.scale, rows_out, n); break;
+        }
+      }
+    }
+  }
+  const float* rows_p[kGroup];
+  for (int t = 0; t < a.Q; ++t) {
+    int lo, hi;
+    key_range(a, length, t, &lo, &hi);
+    for (int g0 = 0; g0 < G; g0 += kGroup) {
+      const int R = std::min(kGroup, G - g0);
+      float inv[kGroup];
+      for (int r = 0; r < R; ++r) {
+        float* p = scores + static_cast<size_t>(t * G + g0 + r) * width;
+        const float sum = lo < hi ? softmax_range(p, lo - j0, hi - j0) : 0.0f;
+        inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: zeros, as the reference
+        rows_p[r] = p;
+      }
+      for (int d0 = 0; d0 < D; d0 += 4 * kLanes) {
+        for (int r = 0; r < R; ++r) rows_out[r] = acc + static_cast<size_t>(t * G + g0 + r) * D + d0;
+        const int nv = std::min(4, (D - d0) / kLanes);
+        switch (R) {
+          case 4: weigh_values_nv<4>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
+          case 3: weigh_values_nv<3>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
+          case 2: weigh_values_nv<2>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
+          default: weigh_values_nv<1>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const int g = g0 + r;
+        float* o = out + ((static_cast<size_t>(b) * a.Q + t) * a.H + h * G + g) * D;
+        for (int d = 0; d < D; ++d) o[d] = acc[static_cast<size_t>(t * G + g) * D + d] * inv[r];
+      }
+    }
+  }
+}
+
+ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> layer,
+                           ffi::ResultBuffer<ffi::F32> out, bool causal, int64_t window, double scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions();
+  const auto vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 5 || !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end()) ||
+      lengths.element_count() != static_cast<size_t>(qd[0]) ||
+      kd[1] != qd[0] || kd[4] != qd[3] || qd[3] % kLanes != 0 || kd[2] == 0 || qd[2] % kd[2] != 0 ||
+      layer.element_count() != 1) {
+    return ffi::Error::InvalidArgument("specformer cpu attention: operand shapes do not match");
+  }
+  const AttentionShape a{static_cast<int>(qd[0]), static_cast<int>(qd[1]), static_cast<int>(qd[2]),
+                         static_cast<int>(kd[2]), static_cast<int>(kd[3]), static_cast<int>(qd[3]),
+                         causal, window, static_cast<float>(scale)};
+  const int l = layer.typed_data()[0];
+  if (l < 0 || l >= kd[0]) return ffi::Error::InvalidArgument("specformer cpu attention: layer out of range");
+  const size_t stride = static_cast<size_t>(a.B) * a.Hkv * a.S * a.D;
+  const float *qs = q.typed_data(), *ks = k.typed_data() + l * stride, *vs = v.typed_data() + l * stride;
+  const int32_t* lens = lengths.typed_data();
+  float* o = out->typed_data();
+  const int64_t work = static_cast<int64_t>(a.B) * a.Q * a.H * a.S * a.D;
+  run_units(pool, a.B * a.Hkv, work, [=](int u0, int u1) {
+    std::vector<float> scratch;
+    for (int u = u0; u < u1; ++u) {
+      const int b = u / a.Hkv, length = std::clamp(lens[b], 0, a.S);
+      attention_unit(a, qs, ks, vs, length, b, u % a.Hkv, o, scratch);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerPackedMatmul, PackedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerRowsMatmul, RowsMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerCachedAttention, CachedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window")
+                                  .Attr<double>("scale"));

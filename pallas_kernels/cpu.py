@@ -1,0 +1,231 @@
+"""Kernels for decoding on CPUs: C++ (cpu.cc) that XLA calls through its FFI, with jnp references beside them.
+
+Decoding feeds a few rows through every weight matrix and against every row's KV cache once per step. XLA's CPU
+backend runs a one-row product at memory speed but, for 2-8 rows (a speculative round's k + 1 tokens), repacks the
+whole weight matrix on every call and runs up to twice as long; its attention copies each layer's cache out of the
+stack and computes over every cache position. The kernels read each weight, and each row's valid cache, once:
+
+  packed_matmul(x, panels, n)  x [..., K] @ W [K, n], W held as column panels [P, K, PANEL] (`pack_columns`,
+                               done once when a model takes its decoding layout)
+  rows_matmul(x, rows)         x [..., K] @ rows.T, rows [N, K] as they are (an embedding matrix as the LM head)
+  cached_attention(...)        new query tokens against one layer of a stacked KV cache (the dispatcher in
+                               __init__.py, `ragged_attention`, calls it on CPUs)
+
+The kernels are compiled from source on first use with the machine's C++ compiler (`build_cpu_kernels`), for this
+CPU, into a directory the caller names, and registered with XLA; without a compiler (or off a CPU) the products
+run as the jnp references. Both are differentiable (the backward pass runs in XLA).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.reference import ragged_attention_reference
+
+PANEL = 32  # columns per panel (kPanel in cpu.cc)
+SOURCE = Path(__file__).with_name("cpu.cc")
+# each kernel registered with XLA under the name of its handler symbol in cpu.cc
+_TARGETS = {"packed": "SpecformerPackedMatmul", "rows": "SpecformerRowsMatmul",
+            "attention": "SpecformerCachedAttention"}
+_state: dict = {}  # "library": the loaded kernels once registered; "failure": why they could not be built
+
+
+def panel_count(n: int) -> int:
+    return -(-n // PANEL)
+
+
+def pack_columns(w: jax.Array) -> jax.Array:
+    """[K, N] -> column panels [ceil(N / PANEL), K, PANEL], the last one padded with zero columns."""
+    K, N = w.shape
+    P = panel_count(N)
+    return jnp.pad(w, ((0, 0), (0, P * PANEL - N))).reshape(K, P, PANEL).transpose(1, 0, 2)
+
+
+def unpack_columns(panels: jax.Array, n: int) -> jax.Array:
+    """`pack_columns` undone: [P, K, PANEL] -> [K, n]."""
+    P, K, _ = panels.shape
+    return panels.transpose(1, 0, 2).reshape(K, P * PANEL)[:, :n]
+
+
+def packed_matmul_reference(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
+    """x [..., K] times the matrix of `panels` (its first n columns): [..., n]."""
+    y = jnp.einsum("...k,pkc->...pc", x, panels, preferred_element_type=jnp.float32)
+    return y.reshape(*x.shape[:-1], -1)[..., :n].astype(x.dtype)
+
+
+def rows_matmul_reference(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """x [..., K] @ rows.T: [..., N]."""
+    return jnp.einsum("...k,nk->...n", x, rows, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def packed_matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
+    """`packed_matmul_reference`, by the kernel where it runs (`on_kernel`)."""
+    reference = lambda x, panels: packed_matmul_reference(x, panels, n)
+    return on_kernel(lambda x, panels: _packed(x, panels)[..., :n], reference, x, panels)
+
+
+def rows_matmul(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """`rows_matmul_reference`, by the kernel where it runs (`on_kernel`)."""
+    return on_kernel(_rows, rows_matmul_reference, x, rows)
+
+
+def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None):
+    """`ragged_attention_reference` of q [B, Q, H, D] against layer `layer` (an int, traced or not) of the stacked
+    caches k, v [L, B, Hkv, S, D], which the kernel reads in place (`on_kernel`; float32, D a multiple of 16)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    kernel = lambda q, k, v, lengths, layer: _attention(bool(causal), int(sliding_window or 0), scale, q, k, v,
+                                                        lengths, layer)
+    reference = lambda q, k, v, lengths, layer: ragged_attention_reference(
+        q, k[layer], v[layer], lengths, causal=causal, sliding_window=sliding_window, scale=scale)
+    usable = q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
+    return on_kernel(kernel, reference, q, k, v, lengths, jnp.asarray(layer, jnp.int32), usable=usable)
+
+
+def on_kernel(kernel, reference, *args, usable: bool = True):
+    """kernel(*args) where the kernels are built (`kernels_ready`) and the arrays float32 (and `usable`), else
+    reference(*args). Models call these only in their CPU decoding layout (TargetConfig.pack_weights)."""
+    floats = [a for a in args if jnp.issubdtype(a.dtype, jnp.floating)]
+    if not (usable and kernels_ready() and all(a.dtype == jnp.float32 for a in floats)):
+        return reference(*args)
+    return kernel(*args)
+
+
+def kernels_ready() -> bool:
+    """Whether the kernels were built and registered in this process (`build_cpu_kernels`)."""
+    return "library" in _state
+
+
+def build_cpu_kernels(build_dir: Path) -> str | None:
+    """Compile cpu.cc for this machine into `build_dir` (once: the library is named by a hash of the source,
+    compiler, jaxlib and CPU) and register its kernels with XLA. Returns None when they are ready, else one line
+    saying why not (the products then run in XLA). Called again, it answers from memory."""
+    if "library" in _state or "failure" in _state:
+        return _state.get("failure")
+    try:
+        library = ctypes.cdll.LoadLibrary(str(_built_library(Path(build_dir))))
+        for target in _TARGETS.values():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _state["failure"] = f"the CPU matmul kernels could not be built ({str(e).strip().splitlines()[-1][:200]})"
+        return _state["failure"]
+    _state["library"] = library
+    return None
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not compiler:
+        raise RuntimeError("no C++ compiler found (set CXX)")
+    return compiler
+
+
+def _built_library(build_dir: Path) -> Path:
+    """The compiled library for this source, compiler, jaxlib and CPU, compiled now if it is not there yet (written
+    atomically: processes building at once each rename a whole file into place)."""
+    compiler = _compiler()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, jax.ffi.include_dir(), jax.__version__,
+                                    platform.machine(), _cpu_features()]).encode()).hexdigest()[:16]
+    out = build_dir / f"cpu-{key}.so"
+    if out.exists():
+        return out
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
+        part = Path(tmp) / out.name
+        base = [compiler, "-O3", "-std=gnu++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
+                str(SOURCE), "-o", str(part)]
+        for flags in (["-march=native"], []):  # tuned for this CPU where the compiler can
+            done = subprocess.run(base[:1] + flags + base[1:], capture_output=True, text=True, timeout=600)
+            if done.returncode == 0:
+                break
+        else:
+            raise RuntimeError(done.stderr or f"{compiler} failed")
+        os.replace(part, out)
+    return out
+
+
+def _cpu_features() -> str:
+    """The CPU's feature flags (a library built with -march=native runs only where they are the same)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def _ffi(kind: str, x, w, n: int):
+    out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
+    return jax.ffi.ffi_call(_TARGETS[kind], out)(x, w)
+
+
+@jax.custom_vjp
+def _packed(x, panels):
+    return _ffi("packed", x, panels, panels.shape[0] * PANEL)
+
+
+def _packed_fwd(x, panels):
+    return _packed(x, panels), (x, panels)
+
+
+def _packed_bwd(res, dy):
+    x, panels = res
+    dy = dy.reshape(*dy.shape[:-1], panels.shape[0], PANEL)
+    return (jnp.einsum("...pc,pkc->...k", dy, panels),
+            jnp.einsum("...k,...pc->pkc", x, dy).astype(panels.dtype))
+
+
+_packed.defvjp(_packed_fwd, _packed_bwd)
+
+
+@jax.custom_vjp
+def _rows(x, rows):
+    return _ffi("rows", x, rows, rows.shape[0])
+
+
+def _rows_fwd(x, rows):
+    return _rows(x, rows), (x, rows)
+
+
+def _rows_bwd(res, dy):
+    x, rows = res
+    return dy @ rows, jnp.einsum("...n,...k->nk", dy, x).astype(rows.dtype)
+
+
+_rows.defvjp(_rows_fwd, _rows_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(causal, window, scale, q, k, v, lengths, layer):
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call(_TARGETS["attention"], out)(q, k, v, lengths.astype(jnp.int32), layer, causal=causal,
+                                                          window=window, scale=scale)
+
+
+def _attention_fwd(causal, window, scale, q, k, v, lengths, layer):
+    return _attention(causal, window, scale, q, k, v, lengths, layer), (q, k, v, lengths, layer)
+
+
+def _attention_bwd(causal, window, scale, res, dy):
+    """The reference's gradient (training through a model that decoded in this process), scattered into the stack;
+    entries past the lengths, never read, are zeroed first (they may hold NaN, which the reference's gradient would
+    spread)."""
+    q, k, v, lengths, layer = res
+    reference = lambda q, kl, vl: ragged_attention_reference(q, kl, vl, lengths, causal=causal,
+                                                             sliding_window=window or None, scale=scale)
+    valid = (jnp.arange(k.shape[3]) < lengths[:, None])[:, None, :, None]
+    dq, dk, dv = jax.vjp(reference, q, jnp.where(valid, k[layer], 0), jnp.where(valid, v[layer], 0))[1](dy)
+    return dq, jnp.zeros_like(k).at[layer].set(dk), jnp.zeros_like(v).at[layer].set(dv), None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)

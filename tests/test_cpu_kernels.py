@@ -1,0 +1,107 @@
+"""The CPU kernels (pallas_kernels/cpu.cc, built on first use) against numpy in float64 and the jnp references: the
+packed and rows matrix products (any shape, leading dimensions, a row's product the same bit for bit however many
+rows come with it, gradients), and what decoding does where they cannot be built (a one-line note, XLA's matmuls,
+the same tokens). The attention kernel is held against the reference with the other kernels in test_kernels.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import cpu
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.api import generate
+from specformer_jax.modeling.loaded import cpu_kernels_ready
+
+SHAPES = [(1, 576, 960), (5, 576, 3072), (13, 150, 70), (3, 17, 5), (9, 33, 49), (40, 64, 40)]  # (M, K, N)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    """The kernels, built as decoding builds them (a machine with a C++ compiler: CI has one)."""
+    assert cpu_kernels_ready(load_target("random:tiny", dtype="float32").cfg), "the CPU kernels did not build"
+
+
+def random(shape, seed):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_matrix_products_match_numpy(M, K, N):
+    x, w, e = random((M, K), 0), random((K, N), 1), random((N, K), 2)
+    packed = jax.jit(cpu.packed_matmul, static_argnums=2)(x, cpu.pack_columns(w), N)
+    rows = jax.jit(cpu.rows_matmul)(x, e)
+    x64 = np.asarray(x, np.float64)
+    np.testing.assert_allclose(packed, x64 @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-4 * np.sqrt(K))
+    np.testing.assert_allclose(rows, x64 @ np.asarray(e, np.float64).T, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+    assert packed.shape == rows.shape == (M, N)
+
+
+def test_leading_dimensions_and_the_references():
+    x, w, e = random((2, 3, 40), 3), random((40, 70), 4), random((70, 40), 5)
+    panels = cpu.pack_columns(w)
+    assert panels.shape == (3, 40, cpu.PANEL)  # 70 columns: 3 panels, the last padded with zeros
+    np.testing.assert_array_equal(cpu.unpack_columns(panels, 70), w)
+    np.testing.assert_allclose(cpu.packed_matmul(x, panels, 70), cpu.packed_matmul_reference(x, panels, 70),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cpu.rows_matmul(x, e), cpu.rows_matmul_reference(x, e), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_product_does_not_depend_on_the_other_rows():
+    """A one-token step and a (k + 1)-token verify pass compute the first row's products bit for bit alike: what
+    keeps greedy speculative output equal to plain output on the CPU kernels."""
+    x, w, e = random((8, 576), 6), random((576, 960), 7), random((1000, 576), 8)
+    panels = cpu.pack_columns(w)
+    packed = jax.jit(cpu.packed_matmul, static_argnums=2)
+    for m in (1, 2, 5, 8):
+        np.testing.assert_array_equal(packed(x[:m], panels, 960)[0], packed(x[:1], panels, 960)[0])
+        np.testing.assert_array_equal(cpu.rows_matmul(x[:m], e)[0], cpu.rows_matmul(x[:1], e)[0])
+
+
+def test_gradients_are_the_references():
+    x, w, e = random((2, 4, 33), 9), random((33, 50), 10), random((50, 33), 11)
+    panels = cpu.pack_columns(w)
+    for kernel, reference, weight in ((lambda x, p: cpu.packed_matmul(x, p, 50),
+                                       lambda x, p: cpu.packed_matmul_reference(x, p, 50), panels),
+                                      (cpu.rows_matmul, cpu.rows_matmul_reference, e)):
+        got = jax.grad(lambda x, p: jnp.sum(jnp.sin(kernel(x, p))), argnums=(0, 1))(x, weight)
+        want = jax.grad(lambda x, p: jnp.sum(jnp.sin(reference(x, p))), argnums=(0, 1))(x, weight)
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+SCRIPT = """
+import json, sys
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.api import generate
+model = load_target("random:tiny", dtype="float32")
+out = generate(model, [[5, 9, 13, 2, 40]], max_new_tokens=12, batch_size=1, chat=False)
+print(json.dumps({"tokens": out.token_ids, "packed": model.cfg.pack_weights}))
+"""
+
+
+def test_without_a_compiler_decoding_runs_on_xla_and_gives_the_same_tokens(tmp_path):
+    """A machine where the kernels cannot be built (here: no compiler) decodes with XLA's matmuls, after one line
+    saying why; the tokens are those of the kernels."""
+    env = dict(os.environ, SPECFORMER_CACHE=str(tmp_path), CXX=str(tmp_path / "no-such-compiler"))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    notes = [line for line in done.stderr.splitlines() if line.startswith("specformer:")]
+    assert len(notes) == 1 and "could not be built" in notes[0] and "XLA's matmuls" in notes[0]
+    plain = json.loads(done.stdout)
+    assert plain["packed"] is False
+    model = load_target("random:tiny", dtype="float32")
+    kernels = generate(model, [[5, 9, 13, 2, 40]], max_new_tokens=12, batch_size=1, chat=False)
+    assert model.cfg.pack_weights and kernels.token_ids == plain["tokens"]
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECFORMER_CPU_KERNELS", "0")
+    assert not cpu_kernels_ready(load_target("random:tiny", dtype="float32").cfg)
