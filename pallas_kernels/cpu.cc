@@ -5,8 +5,8 @@
 //
 //   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
 //              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
-//              for 2-8 rows repack W on every call and cost up to twice the one-row product.
-//   rows:      y[M, N] = x[M, K] @ E^T, E [N, K] row-major as it is (an embedding matrix used as the LM head).
+//              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
+//              the panels of its transpose).
 //   attention: new query tokens against one layer of a stacked KV cache [L, B, Hkv, S, D] with per-row lengths,
 //              causal with an offset or bidirectional, with an optional sliding window. It reads each row's valid
 //              keys and values once, where XLA's version copies the layer out of the stack, masks the whole
@@ -39,9 +39,6 @@ constexpr int kLanes = 16;
 constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
 constexpr int kPanelRows = 8;        // rows of x per register tile in the packed kernel
 constexpr int kPrefetchRows = 16;    // panel rows (128 bytes each) read ahead
-constexpr int kRowsBlock = 2;        // rows of E per block in the rows kernel
-constexpr int kRowsTile = 6;         // rows of x per register tile in the rows kernel
-constexpr int kRowsPrefetch = 2048;  // floats of a row of E read ahead
 constexpr int64_t kInlineWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread alone
 
 inline vec load(const float* p) {
@@ -159,32 +156,6 @@ void panel_tile(const float* __restrict x, int K, const float* __restrict panel,
   }
 }
 
-// B rows of E against R rows of x: y[m, n] for the block's n.
-template <int R, int B>
-void rows_tile(const float* __restrict x, int K, const float* __restrict e, float* __restrict y, int N) {
-  vec acc[R][B];
-  for (int m = 0; m < R; ++m)
-    for (int b = 0; b < B; ++b) acc[m][b] = vec{};
-  const int K16 = K - K % kLanes;
-  for (int k = 0; k < K16; k += kLanes) {
-    vec ev[B];
-    for (int b = 0; b < B; ++b) {
-      ev[b] = load(e + static_cast<size_t>(b) * K + k);
-      __builtin_prefetch(e + static_cast<size_t>(b) * K + k + kRowsPrefetch);
-    }
-    for (int m = 0; m < R; ++m) {
-      const vec xv = load(x + static_cast<size_t>(m) * K + k);
-      for (int b = 0; b < B; ++b) acc[m][b] += xv * ev[b];
-    }
-  }
-  for (int m = 0; m < R; ++m)
-    for (int b = 0; b < B; ++b) {
-      float s = hsum(acc[m][b]);
-      for (int k = K16; k < K; ++k) s += x[static_cast<size_t>(m) * K + k] * e[static_cast<size_t>(b) * K + k];
-      y[static_cast<size_t>(m) * N + b] = s;
-    }
-}
-
 // Tiles of a compile-time height R, the last one `rows` high (dispatch by recursion on R).
 template <int R>
 void panel_rows(int rows, const float* x, int K, const float* panel, float* y, int N) {
@@ -192,14 +163,6 @@ void panel_rows(int rows, const float* x, int K, const float* panel, float* y, i
     if (rows < R) return panel_rows<R - 1>(rows, x, K, panel, y, N);
   }
   panel_tile<R>(x, K, panel, y, N);
-}
-
-template <int R, int B>
-void rows_rows(int rows, const float* x, int K, const float* e, float* y, int N) {
-  if constexpr (R > 1) {
-    if (rows < R) return rows_rows<R - 1, B>(rows, x, K, e, y, N);
-  }
-  rows_tile<R, B>(x, K, e, y, N);
 }
 
 // Panels [p0, p1) of W against every tile of x rows (each panel read once from memory).
@@ -211,32 +174,14 @@ void packed_units(const float* x, int M, int K, const float* w, float* y, int N,
                              N);
 }
 
-// Blocks [u0, u1) of kRowsBlock rows of E against every tile of x rows.
-void rows_units(const float* x, int M, int K, const float* e, float* y, int N, int u0, int u1) {
-  for (int u = u0; u < u1; ++u) {
-    const int n = u * kRowsBlock;
-    for (int m0 = 0; m0 < M; m0 += kRowsTile) {
-      const int rows = std::min(kRowsTile, M - m0);
-      const float* xm = x + static_cast<size_t>(m0) * K;
-      float* yn = y + static_cast<size_t>(m0) * N + n;
-      if (N - n >= kRowsBlock) {
-        rows_rows<kRowsTile, kRowsBlock>(rows, xm, K, e + static_cast<size_t>(n) * K, yn, N);
-      } else {
-        for (int b = n; b < N; ++b)
-          rows_rows<kRowsTile, 1>(rows, xm, K, e + static_cast<size_t>(b) * K, yn + (b - n), N);
-      }
-    }
+ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  const auto wd = panels.dimensions();
+  if (wd.size() != 3u || wd[2] != kPanel) {
+    return ffi::Error::InvalidArgument("specformer cpu matmul: panels of the wrong rank or width");
   }
-}
-
-ffi::Error Matmul(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::F32>& w,
-                  ffi::ResultBuffer<ffi::F32>& y, bool packed) {
-  const auto wd = w.dimensions();
-  if (wd.size() != (packed ? 3u : 2u) || (packed && wd[2] != kPanel)) {
-    return ffi::Error::InvalidArgument("specformer cpu matmul: weights of the wrong rank or panel width");
-  }
-  const int K = static_cast<int>(wd[1]);  // panels [P, K, 32] or rows [N, K]
-  const int N = static_cast<int>(packed ? wd[0] * kPanel : wd[0]);
+  const int K = static_cast<int>(wd[1]);  // panels [P, K, 32]
+  const int N = static_cast<int>(wd[0] * kPanel);
   const auto xd = x.dimensions();
   if (xd.size() == 0 || xd.back() != K || y->element_count() != x.element_count() / std::max(K, 1) * N) {
     return ffi::Error::InvalidArgument("specformer cpu matmul: operand shapes do not match");
@@ -245,25 +190,10 @@ ffi::Error Matmul(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<f
   float* out = y->typed_data();
   if (K == 0) std::memset(out, 0, sizeof(float) * y->element_count());
   if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
-  const float *xs = x.typed_data(), *ws = w.typed_data();
-  const int64_t work = static_cast<int64_t>(M) * K * N;
-  if (packed) {
-    run_units(pool, N / kPanel, work, [=](int u0, int u1) { packed_units(xs, M, K, ws, out, N, u0, u1); });
-  } else {
-    run_units(pool, (N + kRowsBlock - 1) / kRowsBlock, work,
-              [=](int u0, int u1) { rows_units(xs, M, K, ws, out, N, u0, u1); });
-  }
+  const float *xs = x.typed_data(), *ws = panels.typed_data();
+  run_units(pool, N / kPanel, static_cast<int64_t>(M) * K * N,
+            [=](int u0, int u1) { packed_units(xs, M, K, ws, out, N, u0, u1); });
   return ffi::Error::Success();
-}
-
-ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                        ffi::ResultBuffer<ffi::F32> y) {
-  return Matmul(pool, x, panels, y, true);
-}
-
-ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> rows,
-                      ffi::ResultBuffer<ffi::F32> y) {
-  return Matmul(pool, x, rows, y, false);
 }
 
 //===--------------------------------------------------------------------------------------------------------===//
@@ -461,13 +391,6 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerPackedMatmul, PackedMatmul,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerRowsMatmul, RowsMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -2,12 +2,11 @@
 
 Decoding feeds a few rows through every weight matrix and against every row's KV cache once per step. XLA's CPU
 backend runs a one-row product at memory speed but, for 2-8 rows (a speculative round's k + 1 tokens), repacks the
-whole weight matrix on every call and runs up to twice as long; its attention copies each layer's cache out of the
-stack and computes over every cache position. The kernels read each weight, and each row's valid cache, once:
+whole weight matrix on every call; its attention copies each layer's cache out of the stack and computes over every
+cache position. The kernels read each weight, and each row's valid cache, once:
 
   packed_matmul(x, panels, n)  x [..., K] @ W [K, n], W held as column panels [P, K, PANEL] (`pack_columns`,
                                done once when a model takes its decoding layout)
-  rows_matmul(x, rows)         x [..., K] @ rows.T, rows [N, K] as they are (an embedding matrix as the LM head)
   cached_attention(...)        new query tokens against one layer of a stacked KV cache (the dispatcher in
                                __init__.py, `ragged_attention`, calls it on CPUs)
 
@@ -36,8 +35,7 @@ from pallas_kernels.reference import ragged_attention_reference
 PANEL = 32  # columns per panel (kPanel in cpu.cc)
 SOURCE = Path(__file__).with_name("cpu.cc")
 # each kernel registered with XLA under the name of its handler symbol in cpu.cc
-_TARGETS = {"packed": "SpecformerPackedMatmul", "rows": "SpecformerRowsMatmul",
-            "attention": "SpecformerCachedAttention"}
+_TARGETS = {"packed": "SpecformerPackedMatmul", "attention": "SpecformerCachedAttention"}
 _state: dict = {}  # "library": the loaded kernels once registered; "failure": why they could not be built
 
 
@@ -58,26 +56,22 @@ def unpack_columns(panels: jax.Array, n: int) -> jax.Array:
     return panels.transpose(1, 0, 2).reshape(K, P * PANEL)[:, :n]
 
 
+def panel_columns(panels: jax.Array, ids: jax.Array) -> jax.Array:
+    """Columns `ids` (int[...]) of the matrix held as `panels`, as rows: [..., K]. Of a packed embedding (the
+    transposed embedding matrix's panels), the embeddings of the tokens `ids`."""
+    return panels[ids // PANEL, :, ids % PANEL]
+
+
 def packed_matmul_reference(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
     """x [..., K] times the matrix of `panels` (its first n columns): [..., n]."""
     y = jnp.einsum("...k,pkc->...pc", x, panels, preferred_element_type=jnp.float32)
     return y.reshape(*x.shape[:-1], -1)[..., :n].astype(x.dtype)
 
 
-def rows_matmul_reference(x: jax.Array, rows: jax.Array) -> jax.Array:
-    """x [..., K] @ rows.T: [..., N]."""
-    return jnp.einsum("...k,nk->...n", x, rows, preferred_element_type=jnp.float32).astype(x.dtype)
-
-
 def packed_matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
     """`packed_matmul_reference`, by the kernel where it runs (`on_kernel`)."""
     reference = lambda x, panels: packed_matmul_reference(x, panels, n)
     return on_kernel(lambda x, panels: _packed(x, panels)[..., :n], reference, x, panels)
-
-
-def rows_matmul(x: jax.Array, rows: jax.Array) -> jax.Array:
-    """`rows_matmul_reference`, by the kernel where it runs (`on_kernel`)."""
-    return on_kernel(_rows, rows_matmul_reference, x, rows)
 
 
 def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None):
@@ -186,23 +180,6 @@ def _packed_bwd(res, dy):
 
 
 _packed.defvjp(_packed_fwd, _packed_bwd)
-
-
-@jax.custom_vjp
-def _rows(x, rows):
-    return _ffi("rows", x, rows, rows.shape[0])
-
-
-def _rows_fwd(x, rows):
-    return _rows(x, rows), (x, rows)
-
-
-def _rows_bwd(res, dy):
-    x, rows = res
-    return dy @ rows, jnp.einsum("...n,...k->nk", dy, x).astype(rows.dtype)
-
-
-_rows.defvjp(_rows_fwd, _rows_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

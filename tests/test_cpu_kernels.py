@@ -1,10 +1,12 @@
 """The CPU kernels (pallas_kernels/cpu.cc, built on first use) against numpy in float64 and the jnp references: the
 packed and rows matrix products (any shape, leading dimensions, a row's product the same bit for bit however many
 rows come with it, gradients), and what decoding does where they cannot be built (a one-line note, XLA's matmuls,
-the same tokens). The attention kernel is held against the reference with the other kernels in test_kernels.py."""
+the same tokens), a drafter packed as the target is. The attention kernel is held against the reference with the other
+kernels in test_kernels.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +19,9 @@ import pytest
 
 from pallas_kernels import cpu
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.decoding.api import generate
+from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter, pack_drafter
 from specformer_jax.modeling.loaded import cpu_kernels_ready
 
 SHAPES = [(1, 576, 960), (5, 576, 3072), (13, 150, 70), (3, 17, 5), (9, 33, 49), (40, 64, 40)]  # (M, K, N)
@@ -35,46 +39,59 @@ def random(shape, seed):
 
 @pytest.mark.parametrize("M,K,N", SHAPES)
 def test_matrix_products_match_numpy(M, K, N):
-    x, w, e = random((M, K), 0), random((K, N), 1), random((N, K), 2)
+    x, w = random((M, K), 0), random((K, N), 1)
     packed = jax.jit(cpu.packed_matmul, static_argnums=2)(x, cpu.pack_columns(w), N)
-    rows = jax.jit(cpu.rows_matmul)(x, e)
-    x64 = np.asarray(x, np.float64)
-    np.testing.assert_allclose(packed, x64 @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-4 * np.sqrt(K))
-    np.testing.assert_allclose(rows, x64 @ np.asarray(e, np.float64).T, rtol=1e-5, atol=1e-4 * np.sqrt(K))
-    assert packed.shape == rows.shape == (M, N)
+    np.testing.assert_allclose(packed, np.asarray(x, np.float64) @ np.asarray(w, np.float64), rtol=1e-5,
+                               atol=1e-4 * np.sqrt(K))
+    assert packed.shape == (M, N)
 
 
 def test_leading_dimensions_and_the_references():
-    x, w, e = random((2, 3, 40), 3), random((40, 70), 4), random((70, 40), 5)
+    x, w = random((2, 3, 40), 3), random((40, 70), 4)
     panels = cpu.pack_columns(w)
     assert panels.shape == (3, 40, cpu.PANEL)  # 70 columns: 3 panels, the last padded with zeros
     np.testing.assert_array_equal(cpu.unpack_columns(panels, 70), w)
     np.testing.assert_allclose(cpu.packed_matmul(x, panels, 70), cpu.packed_matmul_reference(x, panels, 70),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(cpu.rows_matmul(x, e), cpu.rows_matmul_reference(x, e), rtol=1e-5, atol=1e-5)
+    ids = jnp.asarray([[0, 69, 31], [32, 5, 64]])  # columns in the first, a middle and the padded last panel
+    np.testing.assert_array_equal(cpu.panel_columns(panels, ids), np.moveaxis(np.asarray(w)[:, ids], 0, -1))
 
 
 def test_a_rows_product_does_not_depend_on_the_other_rows():
     """A one-token step and a (k + 1)-token verify pass compute the first row's products bit for bit alike: what
     keeps greedy speculative output equal to plain output on the CPU kernels."""
-    x, w, e = random((8, 576), 6), random((576, 960), 7), random((1000, 576), 8)
+    x, w = random((16, 576), 6), random((576, 960), 7)
     panels = cpu.pack_columns(w)
     packed = jax.jit(cpu.packed_matmul, static_argnums=2)
-    for m in (1, 2, 5, 8):
+    for m in (1, 2, 5, 8, 9, 16):
         np.testing.assert_array_equal(packed(x[:m], panels, 960)[0], packed(x[:1], panels, 960)[0])
-        np.testing.assert_array_equal(cpu.rows_matmul(x[:m], e)[0], cpu.rows_matmul(x[:1], e)[0])
 
 
 def test_gradients_are_the_references():
-    x, w, e = random((2, 4, 33), 9), random((33, 50), 10), random((50, 33), 11)
-    panels = cpu.pack_columns(w)
-    for kernel, reference, weight in ((lambda x, p: cpu.packed_matmul(x, p, 50),
-                                       lambda x, p: cpu.packed_matmul_reference(x, p, 50), panels),
-                                      (cpu.rows_matmul, cpu.rows_matmul_reference, e)):
-        got = jax.grad(lambda x, p: jnp.sum(jnp.sin(kernel(x, p))), argnums=(0, 1))(x, weight)
-        want = jax.grad(lambda x, p: jnp.sum(jnp.sin(reference(x, p))), argnums=(0, 1))(x, weight)
-        for g, r in zip(got, want):
-            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+    x, panels = random((2, 4, 33), 9), cpu.pack_columns(random((33, 50), 10))
+    kernel, reference = (lambda x, p: cpu.packed_matmul(x, p, 50)), (lambda x, p: cpu.packed_matmul_reference(x, p, 50))
+    got = jax.grad(lambda x, p: jnp.sum(jnp.sin(kernel(x, p))), argnums=(0, 1))(x, panels)
+    want = jax.grad(lambda x, p: jnp.sum(jnp.sin(reference(x, p))), argnums=(0, 1))(x, panels)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("settings", [{}, {"next_token_input": True, "context_token_input": True,
+                                          "slot_attention": "causal"}])
+def test_a_packed_drafter_computes_what_it_computes_unpacked(settings):
+    """Decoding on a CPU packs the drafter's weights with the target's (`pack_drafter`, once per call): the same
+    slot states and cache."""
+    target = TargetConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
+                          num_kv_heads=2)
+    cfg = DrafterConfig(num_slots=4, **settings)
+    weights = jax.tree.map(lambda w: w + random(w.shape, 1) * 0.1, init_drafter(target, cfg, jax.random.key(0)).weights)
+    hidden = {i: random((2, 5, 64), i + 5) for i in cfg.resolved_hooks(target)}
+    args = (hidden, drafter_cache(target, 2, 16), None, jnp.asarray([[2], [4]]), 3, random((2, 5, 64), 9))
+    packed_target = dataclasses.replace(target, unroll_layers=True, fuse_projections=True, pack_weights=True)
+    want = Drafter(target, cfg).apply({"params": weights}, *args)
+    got = Drafter(packed_target, cfg, packed=True).apply({"params": pack_drafter(weights)}, *args)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1].k, want[1].k, rtol=1e-5, atol=1e-6)
 
 
 SCRIPT = """

@@ -17,7 +17,7 @@ from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.chunk import run_chunk
 from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
+from specformer_jax.decoding.tuner import AutoDraftLen, default_draft_len, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter
@@ -39,6 +39,22 @@ def test_speedup_model_and_choice():
     fading = cm.expected_tokens([0.5, 0.1, 0.02, 0.0], range(1, 5))  # later slots rarely accepted: fewer drafts
     assert cm.choose_draft_len(cm.predicted_speedups(1.0, {1: 1.05, 2: 1.2, 3: 1.35, 4: 1.5}, fading)) == 1
     assert cm.choose_draft_len({1: 1.03}) == 0 and cm.choose_draft_len({1: 1.03}, margin=0.0) == 1
+
+
+def test_the_default_draft_len_follows_the_pool_on_a_cpu(model):
+    """Without a draft length: every slot off a CPU; on a CPU with its kernels two drafts at batch 1, one at batch 2
+    and plain decoding beyond (as measured), one without them; generate applies it to the pool it decodes (the
+    pool: the batch size, or fewer prompts)."""
+    d = drafter(model, None)
+    cpu = jax.default_backend() == "cpu"
+    packed = [default_draft_len(d, b, True) for b in (1, 2, 3, 4, 5, 8, 64)]  # with the CPU kernels
+    assert packed == ([2, 1, 0, 0, 0, 0, 0] if cpu else [3] * 7)
+    assert [default_draft_len(d, b, False) for b in (1, 8)] == ([1, 1] if cpu else [3, 3])  # XLA's matmuls
+    one = generate(model, PROMPTS[:1], max_new_tokens=8, drafter=d).stats
+    assert one["draft_len"] == default_draft_len(d, 1, model.cfg.pack_weights)
+    pool = generate(model, PROMPTS * 2, max_new_tokens=8, drafter=d, batch_size=6).stats
+    assert pool["draft_len"] == default_draft_len(d, 6, model.cfg.pack_weights)
+    assert ("mean_accepted_length" in pool) == (pool["draft_len"] > 0)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +252,10 @@ def test_batches_that_did_not_pay_turn_auto_off(model, tmp_path):
     second = tuner.choose(model, d, 8, 64, schedule="static")
     assert second.batch_measured == [2] and second.tokens_per_round[2] == pytest.approx(1.1)
     assert second.draft_len == 0 and max(second.predicted_speedup.values()) < 1.15
+    best = max(second.predicted_speedup, key=second.predicted_speedup.get)  # the stats say why: plain decoding
+    assert second.to_json()["reason"] == (f"plain decoding: no draft length is predicted to beat it by 15% (the best, "
+                                          f"k = {best}, {second.predicted_speedup[best]:.2f}x)")
+    assert first.to_json()["reason"] == f"k = 2: predicted {first.predicted_speedup[2]:.2f}x plain decoding"
     assert tuner.choose(model, d, 8, 64, sampled=True, schedule="static").draft_len == 2  # sampling: its own record
     assert tuner.choose(model, d, 8, 64).draft_len == 2  # continuous batching: rows do not wait for slower ones
     # a long good stretch afterwards brings drafting back (older runs count up to MAX_REMEMBERED_ROUNDS rounds)

@@ -120,6 +120,23 @@ def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rou
         assert model.eos_ids[0] not in got[:-1]
 
 
+@pytest.mark.parametrize("schedule", ["continuous", "static"])
+def test_chunks_that_stop_early_run_no_idle_round_and_decode_the_same(model, reference, schedule):
+    """DecodePlan.stop_early (a CPU's chunks): a chunk ends after the round in which a row finished, so every round
+    run has a live row, where fixed chunks of 16 run on after the answers end (and, continuous, keep a finished
+    row's slot idle until the chunk ends); the tokens and each request's rounds are the same."""
+    greedy = SamplingConfig()
+    for k, source in ((0, None), (3, oracle_drafts(reference))):
+        fixed = DecodePlan(model.cfg, model.eos_ids, greedy, N, k)
+        early = dataclasses.replace(fixed, stop_early=True)
+        (tokens, result), (fixed_tokens, fixed_result) = (run(p, model, source, schedule=schedule, rounds=16)
+                                                          for p in (early, fixed))
+        assert tokens == fixed_tokens == reference
+        assert result.rounds_run == result.steps < fixed_result.rounds_run
+        assert result.live_row_rounds == fixed_result.live_row_rounds  # each request ran the same rounds
+        assert result.steps <= fixed_result.steps  # continuous: a freed slot is refilled without idling
+
+
 @pytest.mark.parametrize("pool, backwards", [(3, False), pytest.param(5, True, marks=pytest.mark.slow)])
 def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference, pool, backwards):
     cfg = DrafterConfig(num_slots=3)

@@ -1,7 +1,9 @@
-"""The shipped drafter decodes exactly as it did before the engine's refactors: the same tokens and the same stats
-(accepted lengths, per-slot acceptance, rounds) as `data/shipped_drafter.json`, recorded with the code of commit
-0f42673 (before the drafter became a typed value) on the 2-core CPU machine; greedy speculative output equals the
-plain output recorded there. And after decoding, the weights live once.
+"""The shipped drafter decodes exactly as it did when `data/shipped_drafter.json` was recorded: the same tokens and
+the same stats (accepted lengths, per-slot acceptance, rounds); greedy speculative output equals the plain output
+recorded there. And after decoding, the weights live once. First recorded with the code of commit 0f42673 (before
+the drafter became a typed value) and v4; rewritten when v4 shipped with its draft vocabulary (issue 34): the greedy
+case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution and so samples
+other (equally distributed) tokens. Both on the 2-core CPU machine.
 
 The file is rewritten only by hand, for a change that is meant to alter drafting:
 SPECFORMER_WRITE_EXPECTED=1 pytest tests/test_shipped_drafter.py (and say why in the commit)."""

@@ -19,8 +19,9 @@ from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.decoding.tuner import default_draft_len
 from specformer_jax.modeling.drafter import drafter_cache, init_drafter
-from specformer_jax.modeling.loaded import LoadedDrafter
+from specformer_jax.modeling.loaded import LoadedDrafter, cpu_kernels_ready
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
            [100, 101, 102, 103, 104], [60], [7, 7, 7, 8, 8, 8, 9, 9]]
@@ -167,13 +168,13 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
     base = ["generate", "--model", str(tiny_checkpoints["qwen2"]), "--prompts-file", str(prompts), "--json",
-            "--max-new-tokens", "12"]
+            "--max-new-tokens", "12", "--batch-size", "1"]
     assert main(base + ["--drafter", str(tmp_path / "d")]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert main(base + ["--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert [r["token_ids"] for r in spec["results"]] == [r["token_ids"] for r in plain["results"]]
-    default_k = 1 if jax.default_backend() == "cpu" else 3  # tuner.default_draft_len
+    default_k = default_draft_len(LoadedDrafter(cfg, None, {}), 1, cpu_kernels_ready(model.cfg))  # a pool of 1
     assert len(spec["stats"]["acceptance_rate_per_slot"]) == default_k and "mean_accepted_length" not in plain["stats"]
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
 

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.cpu import build_cpu_kernels
+from pallas_kernels.cpu import build_cpu_kernels, unpack_columns
 from specformer_jax.config import TargetConfig
 from specformer_jax.files import cache_dir
 from specformer_jax.modeling.kv_cache import target_cache
@@ -87,7 +87,8 @@ def test_decoding_layouts_match_the_stacked_layout(name):
 @pytest.mark.parametrize("name", ["llama", "qwen2"])  # an LM head of its own; tied embeddings and q/k/v biases
 def test_decoding_params_layout(name):
     """The converted tree is the one the decoding layout initialises (names and shapes) and keeps the entries the
-    drafter reads (the packed layout holds an LM head of its own as rows); converting again to the same layout
+    drafter reads (the packed layout holds the embedding and an LM head of its own as panels, the embedding's of
+    its transpose); converting again to the same layout
     changes nothing, to any other one and back gives the same weights (one copy of the weights serves every layout:
     LoadedTarget.use_decoding_layout)."""
     cfg = CONFIGS[name]
@@ -98,9 +99,13 @@ def test_decoding_params_layout(name):
         dcfg, dparams = decoding_params(cfg, params, fuse, pack)
         assert shapes(dparams) == shapes(target_shapes(dcfg))
         assert sorted(dparams) == sorted(kept + [f"layers_{i}" for i in range(cfg.num_layers)])
-        assert all(dparams[k] is params[k] for k in kept if not (pack and k == "lm_head"))
+        assert all(dparams[k] is params[k] for k in kept if not (pack and k in ("embed", "lm_head")))
+        if pack:
+            np.testing.assert_array_equal(unpack_columns(dparams["embed"]["panels"], cfg.vocab_size),
+                                          params["embed"]["embedding"].T)
         if pack and not cfg.tie_embeddings:
-            np.testing.assert_array_equal(dparams["lm_head"]["rows"], params["lm_head"]["kernel"].T)
+            np.testing.assert_array_equal(unpack_columns(dparams["lm_head"]["panels"], cfg.vocab_size),
+                                          params["lm_head"]["kernel"])
         again = decoding_params(dcfg, dparams, fuse, pack)
         assert again[0] == dcfg and again[1] is dparams
         for other_layout in LAYOUTS:

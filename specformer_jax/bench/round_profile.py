@@ -42,6 +42,7 @@ from specformer_jax.decoding.plan import make_plan
 from specformer_jax.decoding.pool import cache_len, empty_pool, insert
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.speculative import Verify, round_keys
+from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 STEP_PARTS = ("target", "lm_head", "accept", "update")
@@ -62,7 +63,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
            "results": [], "complete": False}
     for B in batch_sizes:
         model.use_decoding_layout(B)
-        doc["layout"] = _layout(model)
+        layout = _layout(model)  # the target's decoding layout can differ by batch size (off the CPU kernels)
         timers = {k: _Timers(model, drafter, B, k, context, chunk_rounds) for k in [0, *draft_lens]}
         items = {(k, name): fn for k, t in timers.items() for name, fn in t.items.items()}
         seconds = _interleaved(items, {key: chunk_rounds for key in items if key[1] != "whole"}, repeats)
@@ -71,7 +72,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
         for k, t in timers.items():
             parts = {name: seconds[k, name] for name in t.items if name != "whole"}
             whole = seconds[k, "whole"]
-            row = {"batch_size": B, "draft_len": k, "whole_seconds": whole, "parts_seconds": parts,
+            row = {"batch_size": B, "draft_len": k, "layout": layout, "whole_seconds": whole, "parts_seconds": parts,
                    "parts_sum_seconds": sum(parts.values()), "parts_over_whole": sum(parts.values()) / whole,
                    "in_plain_steps": whole / step, "parts_in_plain_steps": {n: s / step for n, s in parts.items()}}
             doc["results"].append(row)
@@ -79,6 +80,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
                 print(f"specformer profile-round: batch {B}, k = {k}: {whole * 1e3:.1f} ms a round, "
                       f"{whole / step:.2f} plain steps; parts sum to {row['parts_over_whole']:.2f}x", file=sys.stderr)
         doc["complete"] = B == batch_sizes[-1]
+        del timers, items  # the pools and compiled parts of this batch size, before the next one's layout
         if on_progress:
             on_progress(doc)
     return doc
@@ -146,12 +148,14 @@ class _Timers:
         accept_args = (Verify(), head(params, h), s.drafts, s.q, keys)
         accept = _compiled(_accept, plan, accept_args)
         n, final = accept(*accept_args)
-        update_args = (s, written, n, final)
+        if plan.speculative:
+            self._draft_parts(*_compiled(update, plan, (s, written, n, final))(s, written, n, final), hidden, n, keys)
+        # The bookkeeping reads the caches' lengths only, and the engine updates them in place; a call of its own
+        # would copy every cache into its output, so it is timed on the pool with its caches' contents left out.
+        update_args = (_without_contents(s), _without_contents(written), n, final)
         bookkeeping = _compiled(update, plan, update_args)
         self.items.update(target=target, lm_head=lambda: head(params, h), accept=lambda: accept(*accept_args),
                           update=lambda: bookkeeping(*update_args))
-        if plan.speculative:
-            self._draft_parts(*bookkeeping(*update_args), hidden, n, keys)
 
     def _draft_parts(self, s, kept, emitted, hidden, n, keys):
         plan, source = self.plan, self.source
@@ -164,6 +168,15 @@ class _Timers:
         head = _compiled(_draft_head, plan, head_args)
         self.items.update(draft_context=lambda: context(*context_args), draft_slots=lambda: slots(*slots_args),
                           draft_head=lambda: head(*head_args))
+
+
+def _without_contents(tree):
+    """A pool or cache with every KV cache's keys and values replaced by one element (their lengths kept)."""
+    shrink = lambda c: c.replace(k=jnp.zeros((1,), c.k.dtype), v=jnp.zeros((1,), c.v.dtype))
+    if isinstance(tree, KVCache):
+        return shrink(tree)
+    state = tree.draft_state and shrink(tree.draft_state)
+    return tree.replace(cache=shrink(tree.cache), draft_state=state)
 
 
 def _accept(plan, accept, logits, drafts, q, keys):

@@ -55,7 +55,7 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     draft_len = resolve_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
     doc = {
         "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter
-        "draft_len": "auto" if isinstance(draft_len, AutoDraftLen) else draft_len,
+        "draft_len": "auto" if isinstance(draft_len, AutoDraftLen) else "default" if draft_len is None else draft_len,
         "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
         "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
         "device_measured": measure_device(model.cfg.dtype),

@@ -35,8 +35,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8],
                    help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--draft-len", type=draft_len, default=None,
-                   help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU, 1 on a "
-                        "CPU)")
+                   help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU; on a CPU "
+                        "2 at batch 1, 1 at batch 2, else plain decoding)")
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
@@ -116,7 +116,7 @@ def run_bench(args) -> int:
     name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
     drafter = None if name == "none" else load_drafter(name, model)
     a.drafter_needed(drafter, args.draft_len, "; --drafter none times plain decoding only")
-    if args.set_acceptance and (drafter is None or args.draft_len in (0, "auto")):
+    if args.set_acceptance and (drafter is None or args.draft_len in (0, None, "auto")):
         raise SpecformerError("--set-acceptance needs speculative decoding with a fixed --draft-len (and a drafter)")
     head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished

@@ -38,7 +38,8 @@ def add_parsers(sub) -> None:
                         "decoding; default: the shipped drafter when --model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
-                        "costs; default: all trained slots on a GPU/TPU, 1 on a CPU)")
+                        "costs; default: all trained slots on a GPU/TPU; on a CPU 2 at batch 1, 1 at batch 2, else "
+                        "plain decoding)")
     p.set_defaults(func=run_generate)
 
 

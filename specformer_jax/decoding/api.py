@@ -64,9 +64,10 @@ def generate(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: 
     a prompt's samples depend on the seed and its index, not on its batch. `batch_size`: slots of the pool (rows
     decoded at once). `max_cache_len`: positions a row may use (default: the model's context length). `progress`:
     a progress bar on stderr. `drafter`: a LoadedDrafter (load_drafter). `draft_len`: drafts per round, at most the
-    drafter's trained slots (default: all of them on an accelerator, 1 on a CPU; 0: plain decoding), or "auto" (an
-    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
-    costs and acceptance (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from the
+    drafter's trained slots (default: all of them on an accelerator; on a CPU 2 at batch 1, 1 at batch 2 and plain
+    decoding beyond, tuner.default_draft_len; 0: plain decoding), or "auto" (an AutoDraftLen reading and keeping
+    `records`) or an AutoDraftLen tuner: chosen for this batch size from measured costs and acceptance
+    (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from the
     queue at the next chunk boundary) or "static" (batches of `batch_size` prompts, each run until its slowest row
     is done). `chunk_rounds`: rounds (plain steps or speculative rounds) the device runs between two looks of the
     host, 1..max_new_tokens (default plan.CHUNK_ROUNDS). `mesh` (specformer_jax.parallel.make_mesh, or its spec such
@@ -141,6 +142,8 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
         B = -(-B // rows) * rows
     model.use_decoding_layout(B, mesh)
+    if draft_len is None:
+        draft_len = default_draft_len(drafter, B, model.cfg.pack_weights)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
@@ -151,10 +154,10 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
 
 
 def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
-                      ) -> int | AutoDraftLen:
-    """The drafts per round to decode with, checked before any compilation: an int (0: plain decoding; None gives
-    the default for this drafter and device), or, for "auto" or an AutoDraftLen, the tuner that chooses it for each
-    call (an AutoDraftLen over `records`)."""
+                      ) -> int | None | AutoDraftLen:
+    """The drafts per round to decode with, checked before any compilation: an int (0: plain decoding), None for the
+    default (which depends on the pool's size: `default_draft_len`, applied once that is known), or, for "auto" or
+    an AutoDraftLen, the tuner that chooses it for each call (an AutoDraftLen over `records`)."""
     if isinstance(draft_len, str) and draft_len == "auto":
         draft_len = AutoDraftLen(records)
     if isinstance(draft_len, AutoDraftLen):
@@ -163,7 +166,7 @@ def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeR
         drafter_acceptance(drafter)  # refused now when the drafter records none
         return draft_len
     if draft_len is None:
-        return default_draft_len(drafter) if drafter is not None else 0
+        return None if drafter is not None else 0
     if not is_int(draft_len) or draft_len < 0:
         raise SpecformerError(f"draft_len must be a non-negative integer, \"auto\" or an AutoDraftLen, "
                               f"got {draft_len!r}")
@@ -228,11 +231,11 @@ def _source(model: LoadedTarget, drafter: LoadedDrafter | None, draft_len: int, 
     return SpecformerDrafts(drafter.cfg, params)
 
 
-def _checked_rate(rate, draft_len: int | AutoDraftLen) -> float | None:
+def _checked_rate(rate, draft_len: int | None | AutoDraftLen) -> float | None:
     if rate is None:
         return None
     rate = FRACTION.check("set_acceptance", rate)
-    if draft_len == 0 or isinstance(draft_len, AutoDraftLen):
+    if not draft_len or isinstance(draft_len, AutoDraftLen):  # None: the default, which depends on the batch size
         raise SpecformerError("set_acceptance needs speculative decoding with a fixed draft_len (a drafter and "
                               "draft_len >= 1, not auto)")
     return float(rate)
@@ -261,7 +264,7 @@ def _auto_choice(tuner: AutoDraftLen, model, drafter, batch_size: int, ids, max_
                           progress=progress)
     if progress:
         guess = ", ".join(f"k={k}: {v:.2f}x" for k, v in choice.predicted_speedup.items())
-        print(f"specformer: --draft-len auto chose {choice.draft_len} for batch {batch_size} (predicted {guess})",
+        print(f"specformer: --draft-len auto at batch {batch_size}: {choice.reason} (predicted {guess})",
               file=sys.stderr)
     return choice
 

@@ -4,7 +4,9 @@ A round is a plain step when the plan drafts nothing (k = 0: the target's forwar
 speculative round otherwise (over [x, d_1..d_k], then the drafter); the bookkeeping is shared, and rows that are
 done or empty change nothing. A chunk's trip count is static, so a GPU replays its body without copying a loop
 predicate to the host each round (a data-dependent `while_loop` does that); the host looks at the pool only between
-chunks. Rounds in which every row is done run too (a branch skipping them would carry the caches through it).
+chunks. Rounds in which every row is done run too (a branch skipping them would carry the caches through it). On a
+CPU, where the loop runs on the host anyway, a chunk instead stops once a row has finished (DecodePlan.stop_early):
+the rounds a finished row would idle in (up to R - 1 a request) are what a round's saving is measured against.
 """
 
 from __future__ import annotations
@@ -82,5 +84,13 @@ def next_drafts(plan: DecodePlan, source, s: Pool, hidden, kept, n, emitted, key
 
 
 def run_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool: Pool) -> Pool:
-    """`rounds` rounds on the pool (R, a static trip count); source: bound to `params` (draft_source.py)."""
-    return jax.lax.fori_loop(0, rounds, lambda _, s: decode_round(plan, params, source, accept, s), pool)
+    """`rounds` rounds on the pool (R, a static trip count); source: bound to `params` (draft_source.py). With
+    plan.stop_early (on a CPU), up to R rounds: the chunk ends after the round in which a row finished, so the host
+    collects it and refills its slot at once, and no round runs after the last row is done."""
+    step = lambda s: decode_round(plan, params, source, accept, s)
+    if not plan.stop_early:
+        s = jax.lax.fori_loop(0, rounds, lambda _, s: step(s), pool)
+        return s.replace(rounds_run=s.rounds_run + rounds)
+    go_on = lambda c: (c[0] < rounds) & ~jnp.any(c[1].done & ~pool.done)
+    n, s = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), pool))
+    return s.replace(rounds_run=s.rounds_run + n)

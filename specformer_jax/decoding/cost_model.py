@@ -74,10 +74,23 @@ class DraftLenChoice:
     acceptance_source: str  # "decoding" (measured while decoding), "teacher_forced" (eval), or "mixed"
     tokens_per_round: dict[int, float]  # k -> as used for the prediction
     batch_measured: list[int]  # the k recorded on batches of this size (the others: E(k), scaled as they fell short)
+    margin: float = MARGIN
+
+    @property
+    def reason(self) -> str:
+        """The choice in words: the k and its prediction, or why plain decoding."""
+        best = max(self.predicted_speedup, key=self.predicted_speedup.get, default=0)
+        if self.draft_len:
+            return f"k = {self.draft_len}: predicted {self.predicted_speedup[self.draft_len]:.2f}x plain decoding"
+        if not best:
+            return "plain decoding: no draft length was measured"
+        return (f"plain decoding: no draft length is predicted to beat it by {self.margin:.0%} (the best, k = {best}, "
+                f"{self.predicted_speedup[best]:.2f}x)")
 
     def to_json(self) -> dict:
         rounded = lambda d, n: {str(k): round(v, n) for k, v in d.items()}
-        return {"draft_len": self.draft_len, "predicted_speedup": rounded(self.predicted_speedup, 3),
+        return {"draft_len": self.draft_len, "reason": self.reason,
+                "predicted_speedup": rounded(self.predicted_speedup, 3),
                 "step_seconds": self.step_seconds, "round_seconds": {str(k): v for k, v in self.round_seconds.items()},
                 "acceptance": [round(a, 4) for a in self.acceptance], "acceptance_source": self.acceptance_source,
                 "tokens_per_round": rounded(self.tokens_per_round, 4), "batch_measured": self.batch_measured}
@@ -90,4 +103,4 @@ def predict(costs: dict, acceptance: list[float], source: str, batches: dict[int
     tokens = tokens_per_round(expected_tokens(acceptance, costs["round_seconds"]), batches)
     speedups = predicted_speedups(costs["step_seconds"], costs["round_seconds"], tokens)
     return DraftLenChoice(choose_draft_len(speedups, margin), speedups, costs["step_seconds"], costs["round_seconds"],
-                          acceptance, source, tokens, sorted(k for k in batches if k in tokens))
+                          acceptance, source, tokens, sorted(k for k in batches if k in tokens), margin)

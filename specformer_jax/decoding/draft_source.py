@@ -5,7 +5,8 @@ A source answers four things (`SpecformerDrafts` is the model; tests give oracle
 
   hooks(plan)        the target hidden states it reads from the round's forward
   empty_state(plan, rows, max_len)   its per-row state (a KV cache whose lengths move with the target's, or None)
-  bind(plan, params) itself with what it derives from the target's parameters, once per call (scheduler.py)
+  bind(plan, params) itself with what it derives from the target's parameters (and its own weights in the
+                     target's layout), once per call (scheduler.py)
   draft(plan, hidden, state, num_new, slots_at, next_tokens, keys)
                      -> (drafts int32[B, k], q float32[B, k, V] (greedy: [B, k, 1]), state): plan.draft_len drafts
                      from position slots_at[b, 0] of the T new tokens; the state grows by num_new[b] positions;
@@ -29,6 +30,7 @@ from specformer_jax.modeling.drafter import (
     draft_logits,
     drafter_cache,
     next_token_embedding,
+    pack_drafter,
 )
 from specformer_jax.modeling.kv_cache import KVCache
 
@@ -41,6 +43,7 @@ class SpecformerDrafts:
     cfg: DrafterConfig = struct.field(pytree_node=False)
     params: DrafterParams
     head: DraftHead | None = None  # the target's head for drafting (`bind`)
+    packed: bool = struct.field(pytree_node=False, default=False)  # weights packed for the CPU kernels (`bind`)
 
     def hooks(self, plan: DecodePlan) -> tuple[int, ...]:
         return self.cfg.resolved_hooks(plan.cfg)
@@ -49,7 +52,13 @@ class SpecformerDrafts:
         return drafter_cache(plan.cfg, rows, max_len)
 
     def bind(self, plan: DecodePlan, target_params) -> "SpecformerDrafts":
-        return self.replace(head=draft_head(plan.cfg, target_params, self.params.vocab))
+        """With the target's head for drafting and, where the target decodes in its packed CPU layout, the drafter's
+        weights packed alike (`pack_drafter`)."""
+        params, pack = self.params, plan.cfg.pack_weights and not self.packed
+        if pack:
+            params = params.replace(weights=pack_drafter(params.weights))
+        return self.replace(head=draft_head(plan.cfg, target_params, params.vocab), params=params,
+                            packed=self.packed or pack)
 
     def draft(self, plan: DecodePlan, hidden, state: KVCache, num_new, slots_at, next_tokens, keys):
         h, state, next_embed = self.context(plan, hidden, state, num_new, next_tokens)
@@ -62,7 +71,7 @@ class SpecformerDrafts:
         embeddings of next_tokens when the drafter reads them, else None)."""
         next_embed = next_token_embedding(self.head.params, next_tokens) if self.cfg.reads_next_tokens else None
         h, state = apply_drafter(plan.cfg, self.cfg, self.params, hidden, state, num_new, next_embed,
-                                 method=Drafter.context)
+                                 packed=self.packed, method=Drafter.context)
         return h, state, next_embed
 
     def slots(self, plan: DecodePlan, h, slots_at, next_embed):
@@ -70,7 +79,7 @@ class SpecformerDrafts:
         h = jnp.take_along_axis(h, slots_at[:, :, None], axis=1)
         if next_embed is not None:
             next_embed = jnp.take_along_axis(next_embed, slots_at[:, :, None], axis=1)
-        return apply_drafter(plan.cfg, self.cfg, self.params, h, plan.draft_len, next_embed,
+        return apply_drafter(plan.cfg, self.cfg, self.params, h, plan.draft_len, next_embed, packed=self.packed,
                              method=Drafter.slots)[:, 0]
 
     def choose(self, plan: DecodePlan, slot_states, keys):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from specformer_jax.config import TargetConfig
 from specformer_jax.decoding.sampling import SamplingConfig
 
@@ -19,6 +21,7 @@ class DecodePlan:
     sampling: SamplingConfig
     max_new_tokens: int  # N: the widest budget, the width of every row's output buffer
     draft_len: int = 0  # k: drafts per round (0: plain decoding)
+    stop_early: bool = False  # a chunk ends after the round in which a row finished (chunk.py; CPUs)
 
     @property
     def speculative(self) -> bool:
@@ -33,5 +36,7 @@ class DecodePlan:
 
 
 def make_plan(model, draft_len: int, sampling: SamplingConfig, max_new_tokens: int) -> DecodePlan:
-    """The plan for decoding with `model` (a LoadedTarget) with draft_len drafts per round (0: plain decoding)."""
-    return DecodePlan(model.cfg, model.eos_ids, sampling, max_new_tokens, draft_len)
+    """The plan for decoding with `model` (a LoadedTarget) with draft_len drafts per round (0: plain decoding); its
+    chunks stop early on a CPU, where a data-dependent loop costs no wait for a device."""
+    return DecodePlan(model.cfg, model.eos_ids, sampling, max_new_tokens, draft_len,
+                      stop_early=jax.default_backend() == "cpu")

@@ -35,6 +35,7 @@ class Pool:
     row_emitted: jax.Array  # int32[P]: tokens those rounds emitted (the prefill's first token excluded)
     accepted: jax.Array  # int32[P, k]: rounds in which draft slot i was accepted
     rounds: jax.Array  # int32[]: rounds run with at least one live row
+    rounds_run: jax.Array  # int32[]: rounds run, those after every row was done included
 
 
 def cache_len(plan: DecodePlan, prompt_tokens: int) -> int:
@@ -54,7 +55,7 @@ def empty_pool(plan: DecodePlan, pool_size: int, max_len: int, source) -> Pool:
         last=zeros, drafts=jnp.zeros((P, k), jnp.int32), q=jnp.zeros((P, k, width), jnp.float32),
         out=jnp.zeros((P, N), jnp.int32), num_out=zeros, budget=zeros, done=jnp.ones((P,), bool),
         keys=jax.random.split(jax.random.key(0), P), row_rounds=zeros, row_emitted=zeros,
-        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0),
+        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0), rounds_run=jnp.int32(0),
     )
 
 

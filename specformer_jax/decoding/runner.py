@@ -64,7 +64,7 @@ class DecodeRun:
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
     steps: int = 0  # pool rounds run with a live row: plain steps or speculative rounds (prefills not counted)
-    rounds_run: int = 0  # pool rounds run: chunks x R, the rounds after every row was done included
+    rounds_run: int = 0  # pool rounds run, the rounds after every row was done included
     plain_steps: int | None = None  # static schedule: the steps plain decoding needs for the same tokens
     live_row_rounds: int = 0  # rounds summed over requests: how full the pool ran
     pool_size: int = 0

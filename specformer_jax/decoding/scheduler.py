@@ -107,7 +107,6 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
                 taken = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 _refill(engine, ids, budgets, keys, taken, free, slot_req)
             engine.chunk()
-            run.rounds_run += chunk_rounds
             done, num_out = jax.device_get((engine.pool.done, engine.pool.num_out))
             if stream:
                 t = time.perf_counter()
@@ -123,7 +122,7 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
             if run.plain_steps is not None and max(slot_req) < 0:  # a static batch ended: plain decoding would
                 run.plain_steps += max(longest - 1, 0)  # take its longest answer's steps (the prefill emits one)
                 longest = 0
-    run.steps = int(engine.pool.rounds)
+    run.steps, run.rounds_run = int(engine.pool.rounds), int(engine.pool.rounds_run)
     run.compile_seconds = engine.compile_seconds
     run.run_seconds = time.perf_counter() - start - paused - engine.compile_seconds
     run.rows = {name: [per[r] for r in sorted(per)] for name, per in run.rows.items()}

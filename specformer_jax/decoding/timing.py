@@ -8,6 +8,7 @@ import dataclasses
 import sys
 
 import jax
+import jax.numpy as jnp
 from tqdm import tqdm
 
 from specformer_jax.decoding.draft_source import SpecformerDrafts
@@ -15,7 +16,10 @@ from specformer_jax.decoding.plan import DecodePlan, make_plan
 from specformer_jax.decoding.runner import DecodeRun
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
+from specformer_jax.decoding.set_acceptance import SetAcceptance
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
+
+SHORT_BUDGET = 8  # tokens a row of the short run: its prefill and first rounds, taken off the long run's time
 
 
 def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int,
@@ -23,8 +27,10 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
     """{"step_seconds": t_step, "round_seconds": {k: t_round(k)}} for k = 1..K. `batch_size` rows decode `new_tokens`
     tokens from prompts of cache_len - new_tokens / 2 tokens, so the cache holds cache_len tokens on average. EOS is
     switched off so every row runs the whole budget; the time per round then includes everything a round does
-    (verify, acceptance, drafting, bookkeeping). The K + 1 engines are compiled concurrently first, then timed one
-    after the other."""
+    (verify, acceptance, drafting, bookkeeping). Every draft is rejected (set acceptance 0), so each k runs as many
+    rounds as plain decoding; and a round's time is the difference between that run and a run of SHORT_BUDGET tokens
+    over the difference in rounds, so the prefill, which would weigh more on a k that accepted more, drops out. The
+    K + 1 engines are compiled concurrently first, then timed one after the other."""
     no_eos = dataclasses.replace(model, eos_ids=())
     prompt_len = max(1, cache_len - new_tokens // 2)
     prompts = [[(31 * i + 7 * r + 1) % model.cfg.vocab_size for i in range(prompt_len)] for r in range(batch_size)]
@@ -36,15 +42,17 @@ def measure_costs(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, 
             list(pool.map(lambda plan: (_run(plan, model, drafter, prompts, budget=2), bar.update()), plans))
         times = {}
         for plan in plans:
-            run = _run(plan, model, drafter, prompts)
-            times[plan.draft_len] = run.run_seconds / run.rounds_run  # a round costs the same live or done
+            short, full = (_run(plan, model, drafter, prompts, budget) for budget in (SHORT_BUDGET, None))
+            times[plan.draft_len] = (full.run_seconds - short.run_seconds) / (full.rounds_run - short.rounds_run)
             bar.update()
     return {"step_seconds": times.pop(0), "round_seconds": times}
 
 
 def _run(plan: DecodePlan, model, drafter, prompts, budget: int | None = None) -> DecodeRun:
-    """Every prompt in one static batch (with a budget of `budget` tokens each: a short run that compiles)."""
+    """Every prompt in one static batch (with a budget of `budget` tokens each, else the plan's), every draft
+    rejected."""
     keys = jax.random.split(jax.random.key(0), len(prompts))
+    reject = SetAcceptance(jnp.float32(0.0))  # a round costs what it costs whatever is accepted
     source = SpecformerDrafts(drafter.cfg, drafter.params) if plan.speculative else None
     return run_to_end(decode_requests(plan, model.params, source, prompts, len(prompts), keys, schedule="static",
-                                      budgets=None if budget is None else [budget] * len(prompts)))
+                                      accept=reject, budgets=None if budget is None else [budget] * len(prompts)))

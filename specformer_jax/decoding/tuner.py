@@ -16,12 +16,20 @@ from specformer_jax.decoding.timing import measure_costs
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
+# Drafts per round by pool size on a CPU with its kernels (the target's packed layout), plain decoding beyond: the
+# best k of the shipped drafter measured at each pool size (benchmarks/README.md, "A round and its parts on the CPU").
+# A round's arithmetic grows with its rows there, so the rounds that pay get shorter as the pool grows.
+CPU_DRAFT_LENS = {1: 2, 2: 1}
 
-def default_draft_len(drafter: LoadedDrafter) -> int:
-    """Drafts per round when none is asked for: every trained slot on an accelerator, one on a CPU. There a matmul
-    over a few rows costs several times one row's rather than one read of the weights, so each further draft adds to a
-    round about what it saves (benchmarks/README.md, "CPU decoding (2 cores)")."""
-    return 1 if jax.default_backend() == "cpu" else drafter.cfg.num_slots
+
+def default_draft_len(drafter: LoadedDrafter, batch_size: int, packed: bool) -> int:
+    """Drafts per round when none is asked for, for a pool of `batch_size` rows whose target runs in the layout
+    `packed` (TargetConfig.pack_weights: the CPU kernels): every trained slot on an accelerator; on a CPU with the
+    kernels, CPU_DRAFT_LENS (0, plain decoding, for larger pools); on a CPU without them (XLA's matmuls: a bfloat16
+    model, a mesh, no compiler), one, since each further row there costs nearly a row's reading of the weights."""
+    if jax.default_backend() != "cpu":
+        return drafter.cfg.num_slots
+    return min(drafter.cfg.num_slots, CPU_DRAFT_LENS.get(batch_size, 0) if packed else 1)
 
 
 def drafter_acceptance(drafter: LoadedDrafter) -> list[float]:

@@ -21,6 +21,7 @@ from flax import linen as nn
 from flax import struct
 
 from pallas_kernels import ragged_attention_reference
+from pallas_kernels.cpu import pack_columns, panel_columns
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope
@@ -47,6 +48,7 @@ class SlotAttention(nn.Module):
 
     target: TargetConfig
     causal: bool
+    packed: bool = False  # projections as column panels (`pack_drafter`)
 
     @nn.compact
     def __call__(self, x):
@@ -54,7 +56,7 @@ class SlotAttention(nn.Module):
         *lead, K, d = x.shape
         x = x.reshape(-1, K, d)
         N = x.shape[0]
-        proj = lambda n, axes, name: dense(n, t.dtype, axes, name=name)
+        proj = lambda n, axes, name: dense(n, t.dtype, axes, name=name, packed=self.packed)
         q = proj(t.num_heads * t.head_dim, ("embed", "heads"), "q")(x).reshape(N, K, t.num_heads, t.head_dim)
         k = proj(t.num_kv_heads * t.head_dim, ("embed", "kv_heads"), "k")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
         v = proj(t.num_kv_heads * t.head_dim, ("embed", "kv_heads"), "v")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
@@ -70,30 +72,32 @@ class SlotAttention(nn.Module):
 class Drafter(nn.Module):
     target: TargetConfig
     cfg: DrafterConfig
+    packed: bool = False  # weights as column panels for the CPU kernels (`pack_drafter`): decoding on a CPU
 
     def setup(self):
-        t, c = self.target, self.cfg
+        t, c, packed = self.target, self.cfg, self.packed
         norm = lambda: RMSNorm(t.rms_norm_eps, t.dtype)
         self.hooks = c.resolved_hooks(t)
         self.hook_norms = [norm() for _ in self.hooks]
         if c.context_token_input:
             self.context_next_norm = norm()
-        self.fuse = dense(t.hidden_size, t.dtype, (None, "embed"))
+        self.fuse = dense(t.hidden_size, t.dtype, (None, "embed"), packed=packed)
         self.context_norm = norm()
         # Same head layout as the target, but no qkv bias, no q/k norm, no sliding window (as in the paper's code),
         # and separate q/k/v whatever the target's parameter layout: the drafter's parameters keep one layout.
         self.context_attn = Attention(dataclasses.replace(t, qkv_bias=False, qk_norm=False, sliding_window=None,
-                                                          fuse_projections=False, pack_weights=False))
+                                                          fuse_projections=False, pack_weights=packed))
         self.expand_norm = norm()
         # the bias acts as a learned per-slot embedding
-        self.expand = dense(c.num_slots * t.hidden_size, t.dtype, ("embed", None), bias=True)
+        self.expand = dense(c.num_slots * t.hidden_size, t.dtype, ("embed", None), bias=True, packed=packed)
         self.slot_norm = norm()
-        self.slot_attn = SlotAttention(t, causal=c.slot_attention == "causal")
+        self.slot_attn = SlotAttention(t, causal=c.slot_attention == "causal", packed=packed)
         self.ffn_norm = norm()
-        self.ffn = SwiGLU(t.hidden_size, c.intermediate_size or t.intermediate_size, t.dtype)
+        self.ffn = SwiGLU(t.hidden_size, c.intermediate_size or t.intermediate_size, t.dtype, packed=packed)
         if c.next_token_input:  # zero-initialised: starts as the paper's drafter (and continues one exactly)
             self.next_norm = norm()
-            self.next_proj = dense(t.hidden_size, t.dtype, (None, "embed"), kernel_init=nn.initializers.zeros)
+            self.next_proj = dense(t.hidden_size, t.dtype, (None, "embed"), kernel_init=nn.initializers.zeros,
+                                   packed=packed)
 
     def __call__(
         self,
@@ -143,14 +147,34 @@ class Drafter(nn.Module):
         return m + self.ffn(self.ffn_norm(m))
 
 
-def apply_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, params: DrafterParams, *args, **kwargs):
-    """`Drafter(target_cfg, cfg)` applied with the weights of `params` (the call's arguments as Drafter's)."""
-    return Drafter(target_cfg, cfg).apply({"params": params.weights}, *args, **kwargs)
+def apply_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, params: DrafterParams, *args, packed: bool = False,
+                  **kwargs):
+    """`Drafter(target_cfg, cfg, packed)` applied with the weights of `params` (the call's arguments as Drafter's;
+    `packed`: weights from `pack_drafter`)."""
+    return Drafter(target_cfg, cfg, packed).apply({"params": params.weights}, *args, **kwargs)
+
+
+def pack_drafter(weights: dict) -> dict:
+    """A drafter's weights in the layout of `Drafter(..., packed=True)`: every dense kernel as column panels for the
+    CPU kernels (pallas_kernels.cpu.pack_columns), the SwiGLU's gate and up in one ("gate_up", as the target's
+    packed layers). A copy: made once per decoding call (decoding/draft_source.py, `bind`)."""
+    def one(p):
+        if "kernel" not in p:
+            return {n: one(q) for n, q in p.items()} if all(isinstance(q, dict) for q in p.values()) else p
+        return {"panels": pack_columns(p["kernel"]), **({"bias": p["bias"]} if "bias" in p else {})}
+
+    ffn = dict(weights["ffn"])
+    ffn["gate_up"] = {"kernel": jnp.concatenate([ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]], axis=1)}
+    return one({**weights, "ffn": ffn})
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
-    """The target's (frozen) input embedding of the token after each drafting position: int32[...] -> [..., d]."""
-    return jnp.take(target_params["embed"]["embedding"], next_tokens, axis=0)
+    """The target's (frozen) input embedding of the token after each drafting position: int32[...] -> [..., d]
+    (from the packed layout's panels too: `PackedEmbed`)."""
+    embed = target_params["embed"]
+    if "panels" in embed:
+        return panel_columns(embed["panels"], next_tokens)
+    return jnp.take(embed["embedding"], next_tokens, axis=0)
 
 
 def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None):
@@ -159,9 +183,10 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
     if vocab is None:
         return target_cfg, target_params
     cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
-    if target_cfg.pack_weights:  # the head as rows (modeling/layers.py, HeadRows): the vocabulary's rows
-        rows = target_params["embed"]["embedding"] if target_cfg.tie_embeddings else target_params["lm_head"]["rows"]
-        return cfg, {"final_norm": target_params["final_norm"], "lm_head": {"rows": rows[vocab]}}
+    if target_cfg.pack_weights:  # the vocabulary's columns of the head's panels, packed again
+        panels = target_params["embed" if target_cfg.tie_embeddings else "lm_head"]["panels"]
+        head = {"panels": pack_columns(panel_columns(panels, vocab).T)}
+        return cfg, {"final_norm": target_params["final_norm"], "lm_head": head}
     matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings
               else target_params["lm_head"]["kernel"][:, vocab])
     return cfg, {"final_norm": target_params["final_norm"], "lm_head": {"kernel": matrix}}

@@ -12,7 +12,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
-from pallas_kernels.cpu import PANEL, packed_matmul, panel_count, rows_matmul
+from pallas_kernels.cpu import PANEL, packed_matmul, panel_columns, panel_count
 
 
 def with_axes(init, *axes: str | None):
@@ -53,18 +53,25 @@ class PackedDense(nn.Module):
         return y
 
 
-class HeadRows(nn.Module):
-    """An LM head held as rows "rows" [vocab, d] (the transposed kernel), as the CPU rows kernel reads it: an untied
-    head in the packed decoding layout (a tied one reads the embedding, which is such rows already)."""
+class PackedEmbed(nn.Module):
+    """An embedding matrix [num_embeddings, features] held as the column panels "panels" of its transpose (as
+    PackedDense holds a [features, num_embeddings] kernel): token lookups read a column of the panels, and the
+    tied LM head (`attend`) is one packed product. The packed decoding layout's embedding."""
 
-    num_rows: int
+    num_embeddings: int
+    features: int
     dtype: Any
 
-    @nn.compact
-    def __call__(self, x):
-        rows = self.param("rows", with_axes(nn.linear.default_embed_init, "vocab", "embed"),
-                          (self.num_rows, x.shape[-1]), self.dtype)
-        return rows_matmul(x.astype(self.dtype), rows)
+    def setup(self):
+        shape = (panel_count(self.num_embeddings), self.features, PANEL)
+        init = nn.initializers.normal(stddev=1.0)
+        self.panels = self.param("panels", with_axes(init, None, "embed", None), shape, self.dtype)
+
+    def __call__(self, tokens):
+        return panel_columns(self.panels, tokens).astype(self.dtype)
+
+    def attend(self, x):
+        return packed_matmul(x.astype(self.dtype), self.panels, self.num_embeddings)
 
 
 def logical_axes(boxed) -> dict:

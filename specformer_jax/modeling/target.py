@@ -2,11 +2,12 @@
 
 One call serves prefill and multi-token extension: the T new tokens of row b are written to the KV cache at
 positions cache.lengths[b] .. cache.lengths[b] + T - 1 and attend causally to everything before them.
-Two parameter layouts (TargetConfig.unroll_layers, .fuse_projections): checkpoints and training stack the layers'
-parameters under "layers" and run them under `nn.scan` (one compiled layer body: compile time flat in depth);
-decoding runs a Python loop over per-layer parameters "layers_0" .. "layers_{L-1}", optionally with q/k/v and gate/up
-fused (`decoding_params` converts). Inside a compiled scan XLA copies each layer's weights out of the stacked arrays
-before its matmuls; separate per-layer arrays are read in place, which matters where a step reads every weight once.
+Parameter layouts (TargetConfig.unroll_layers, .fuse_projections, .pack_weights): checkpoints and training stack
+the layers' parameters under "layers" and run them under `nn.scan` (one compiled layer body: compile time flat in
+depth); decoding runs a Python loop over per-layer parameters "layers_0" .. "layers_{L-1}", optionally with q/k/v and
+gate/up fused, and on CPUs packed for the CPU kernels (`decoding_params` converts). Inside a compiled scan XLA copies
+each layer's weights out of the stacked arrays before its matmuls; separate per-layer arrays are read in place, which
+matters where a step reads every weight once.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import numpy as np
 from flax import linen as nn
 
 from pallas_kernels import ragged_attention
-from pallas_kernels.cpu import pack_columns, rows_matmul, unpack_columns
+from pallas_kernels.cpu import pack_columns, unpack_columns
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache, write_tokens
-from specformer_jax.modeling.layers import HeadRows, RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
+from specformer_jax.modeling.layers import PackedEmbed, RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
 
 
 def _project_qkv(cfg: TargetConfig, x):
     """q [B, T, H, D] and k, v [B, T, Hkv, D]: three matmuls, or one with cfg.fuse_projections. The fused kernel
     "qkv" [d, Hkv, G + 2, D] groups each KV head's G query heads with its key and value, so that tensor parallelism
-    can shard it by KV head like the separate kernels."""
+    can shard it by KV head like the separate kernels. With cfg.pack_weights the kernels are column panels
+    (`PackedDense`), the fused one's columns in the same order."""
     B, T, _ = x.shape
     H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     G = H // Hkv
-    if cfg.pack_weights:  # the fused kernel as column panels, the same columns in the same order
+    if cfg.pack_weights and cfg.fuse_projections:  # the fused kernel as column panels, its columns in their order
         qkv = dense(Hkv * (G + 2) * D, cfg.dtype, ("embed", "kv_heads"), bias=cfg.qkv_bias, name="qkv",
                     packed=True)(x).reshape(B, T, Hkv, G + 2, D)
         return qkv[..., :G, :].reshape(B, T, H, D), qkv[..., G, :], qkv[..., G + 1, :]
@@ -43,8 +45,8 @@ def _project_qkv(cfg: TargetConfig, x):
                               bias_init=with_axes(nn.initializers.zeros_init(), "kv_heads", None, None),
                               name="qkv")(x)
         return qkv[..., :G, :].reshape(B, T, H, D), qkv[..., G, :], qkv[..., G + 1, :]
-    project = lambda name, heads, axis: dense(heads * D, cfg.dtype, ("embed", axis), bias=cfg.qkv_bias,
-                                              name=name)(x).reshape(B, T, heads, D)
+    project = lambda name, heads, axis: dense(heads * D, cfg.dtype, ("embed", axis), bias=cfg.qkv_bias, name=name,
+                                              packed=cfg.pack_weights)(x).reshape(B, T, heads, D)
     return project("q", H, "heads"), project("k", Hkv, "kv_heads"), project("v", Hkv, "kv_heads")
 
 
@@ -105,8 +107,11 @@ class Target(nn.Module):
         cfg = self.cfg
         self._hooks = tuple(cfg.hook_index(i) for i in self.hooks)
         self._inner = tuple(i for i in self._hooks if 0 < i < cfg.num_layers)
-        self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.dtype,
-                              embedding_init=with_axes(nn.linear.default_embed_init, "vocab", "embed"))
+        if cfg.pack_weights:
+            self.embed = PackedEmbed(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        else:
+            self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.dtype,
+                                  embedding_init=with_axes(nn.linear.default_embed_init, "vocab", "embed"))
         if cfg.unroll_layers:
             self.layers = [DecoderLayer(cfg, ()) for _ in range(cfg.num_layers)]  # params "layers_0", "layers_1", ...
         else:
@@ -119,10 +124,8 @@ class Target(nn.Module):
                 metadata_params={nn.PARTITION_NAME: None},  # the stacked layers' axis is never split
             )(cfg, self._inner)
         self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype)
-        if cfg.pack_weights and not cfg.tie_embeddings:
-            self.lm_head = HeadRows(cfg.vocab_size, cfg.dtype)
-        elif not cfg.tie_embeddings:
-            self.lm_head = dense(cfg.vocab_size, cfg.dtype, ("embed", "vocab"))
+        if not cfg.tie_embeddings:
+            self.lm_head = dense(cfg.vocab_size, cfg.dtype, ("embed", "vocab"), packed=cfg.pack_weights)
 
     def __call__(
         self,
@@ -171,8 +174,8 @@ class Target(nn.Module):
     def logits(self, x):
         """LM head on final-normed states, float32 (tied embeddings or a separate head)."""
         with jax.named_scope("lm_head"):
-            if self.cfg.tie_embeddings:  # the embedding's rows are the head's (the CPU rows kernel when packed)
-                out = rows_matmul(x, self.embed.embedding) if self.cfg.pack_weights else self.embed.attend(x)
+            if self.cfg.tie_embeddings:  # the embedding's rows are the head's
+                out = self.embed.attend(x)
             else:
                 out = self.lm_head(x)
         return out.astype(jnp.float32)
@@ -209,21 +212,22 @@ def init_target(cfg: TargetConfig, rng: jax.Array) -> dict:
 def decoding_params(cfg: TargetConfig, params, fuse: bool = False, pack: bool = False) -> tuple[TargetConfig, dict]:
     """(config, parameters) in a decoding layout: per-layer parameters "layers_{i}" (cfg.unroll_layers); with `fuse`,
     q/k/v fused into "qkv" and gate/up into "gate_up" (cfg.fuse_projections); with `pack` (fused too), every layer
-    kernel held as column panels for the CPU matmul kernels and an untied LM head as rows (cfg.pack_weights,
-    pallas_kernels/cpu.py). From the stacked layout of checkpoints and training, or from another decoding layout.
+    kernel, the LM head and the embedding (its transpose: `PackedEmbed`) held as column panels for the CPU matmul
+    kernels (cfg.pack_weights, pallas_kernels/cpu.py). From the stacked layout of checkpoints and training, or from
+    another decoding layout.
 
     On an accelerator, fusing pays where a step's matmuls are matrix-vector products (one row of one token); XLA runs
     wider steps' independent matmuls side by side. On a CPU the packed layout serves every batch size: its kernels
-    read each weight once per call for any number of rows. The embedding and final norm are kept as they are (the
-    drafter reads them); the layer weights are copied, so convert once per model (LoadedTarget.use_decoding_layout
+    read each weight once per call for any number of rows. The final norm is kept as it is; the other weights are
+    copied, so convert once per model (LoadedTarget.use_decoding_layout
     holds the result in place of the old copy), on the loaded arrays (not inside a compiled step, which would copy
     the slices at every call). A config already in the requested layout comes back unchanged."""
     fuse = fuse or pack
     if cfg.unroll_layers and cfg.fuse_projections == fuse and cfg.pack_weights == pack:
         return cfg, params
     out = {name: p for name, p in params.items() if not name.startswith("layers")}
-    if "lm_head" in out and cfg.pack_weights != pack:  # [d, V] kernel <-> [V, d] rows
-        out["lm_head"] = {"rows": out["lm_head"]["kernel"].T} if pack else {"kernel": out["lm_head"]["rows"].T}
+    if cfg.pack_weights != pack:
+        out.update(_head_packed(cfg, out) if pack else _head_unpacked(cfg, out))
     fused = cfg.unroll_layers and cfg.fuse_projections
     for i in range(cfg.num_layers):  # op by op: every layer has the same shapes, so each op compiles once
         layer = params[f"layers_{i}"] if cfg.unroll_layers else jax.tree.map(lambda w: w[i], params["layers"])
@@ -231,6 +235,23 @@ def decoding_params(cfg: TargetConfig, params, fuse: bool = False, pack: bool = 
         layer = _unfused(cfg, layer) if fused and not fuse else _fused(cfg, layer) if fuse and not fused else layer
         out[f"layers_{i}"] = _packed(layer) if pack else layer
     return dataclasses.replace(cfg, unroll_layers=True, fuse_projections=fuse, pack_weights=pack), out
+
+
+def _head_packed(cfg: TargetConfig, params) -> dict:
+    """The embedding [V, d] as the panels of its transpose (`PackedEmbed`), an untied head's kernel [d, V] as
+    panels (`PackedDense`)."""
+    out = {"embed": {"panels": pack_columns(params["embed"]["embedding"].T)}}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = {"panels": pack_columns(params["lm_head"]["kernel"])}
+    return out
+
+
+def _head_unpacked(cfg: TargetConfig, params) -> dict:
+    """`_head_packed` undone."""
+    out = {"embed": {"embedding": unpack_columns(params["embed"]["panels"], cfg.vocab_size).T}}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = {"kernel": unpack_columns(params["lm_head"]["panels"], cfg.vocab_size)}
+    return out
 
 
 def _packed(layer) -> dict:
