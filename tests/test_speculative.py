@@ -177,6 +177,12 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     default_k = default_draft_len(LoadedDrafter(cfg, None, {}), 1, cpu_kernels_ready(model.cfg))  # a pool of 1
     assert len(spec["stats"]["acceptance_rate_per_slot"]) == default_k and "mean_accepted_length" not in plain["stats"]
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
+    assert main(base[:-1] + ["7", "--drafter", str(tmp_path / "d")]) == 0  # a pool of 7: the default may draft none
+    out = capsys.readouterr()
+    pooled = json.loads(out.out)["stats"]
+    told = "no draft length pays at batch 7 here; --draft-len K drafts anyway" in out.err
+    assert told == (pooled["draft_len"] == 0) and pooled["draft_len"] == default_draft_len(
+        LoadedDrafter(cfg, None, {}), 7, cpu_kernels_ready(model.cfg))
 
 
 def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error, monkeypatch):

@@ -78,7 +78,7 @@ def run_generate(args) -> int:
     result = _streamed(model, prompts[0], options) if streamed else generate(model, prompts, progress=True, **options)
     result.stats["load_seconds"] = load_s
     result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
-    _print_summary(result.stats)
+    _print_summary(result.stats, chosen=args.draft_len in (None, "auto"))
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         print()
@@ -127,9 +127,12 @@ def _chosen_drafter(args, model):
     return None if choice == "none" else load_drafter(choice, model)
 
 
-def _print_summary(s: dict) -> None:
+def _print_summary(s: dict, chosen: bool) -> None:
+    """The stats line; `chosen`: the draft length was the default's or auto's, not the user's."""
     spec = (f", drafter {s['drafter']}, k = {s['draft_len']}, mean accepted length {s['mean_accepted_length']:.2f}"
             if "mean_accepted_length" in s else ", plain decoding")
+    if chosen and s.get("draft_len") == 0 and s.get("drafter") != "none":  # a drafter, but no draft length paid
+        spec += f" (no draft length pays at batch {s['batch_size']} here; --draft-len K drafts anyway)"
     print(f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} "
           f"tokens/s (batch {s['batch_size']}, {s['device']}, {s['dtype']}{spec}; "
           f"compile {s['compile_seconds']:.1f} s, load {s['load_seconds']:.1f} s)", file=sys.stderr)
