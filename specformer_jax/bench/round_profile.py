@@ -175,7 +175,7 @@ def _without_contents(tree):
     shrink = lambda c: c.replace(k=jnp.zeros((1,), c.k.dtype), v=jnp.zeros((1,), c.v.dtype))
     if isinstance(tree, KVCache):
         return shrink(tree)
-    state = tree.draft_state and shrink(tree.draft_state)
+    state = None if tree.draft_state is None else shrink(tree.draft_state)
     return tree.replace(cache=shrink(tree.cache), draft_state=state)
 
 

@@ -5,8 +5,8 @@ speculative round otherwise (over [x, d_1..d_k], then the drafter); the bookkeep
 done or empty change nothing. A chunk's trip count is static, so a GPU replays its body without copying a loop
 predicate to the host each round (a data-dependent `while_loop` does that); the host looks at the pool only between
 chunks. Rounds in which every row is done run too (a branch skipping them would carry the caches through it). On a
-CPU, where the loop runs on the host anyway, a chunk instead stops once a row has finished (DecodePlan.stop_early):
-the rounds a finished row would idle in (up to R - 1 a request) are what a round's saving is measured against.
+CPU, where the loop runs on the host anyway, a chunk instead stops after the round in which a row finished
+(DecodePlan.stop_early), so its slot does not idle for the rest of the chunk (up to R - 1 rounds a request).
 """
 
 from __future__ import annotations
