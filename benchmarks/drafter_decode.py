@@ -2,6 +2,12 @@
 drafter at each draft length, on the same prompts, for each batch size.
 
     .venv/bin/python benchmarks/drafter_decode.py --drafters default,runs/v4-dv8192 --out benchmarks/results/x.json
+    .venv/bin/python benchmarks/drafter_decode.py --drafters default@2,ngram@6,default+ngram@4 \
+        --prompts editing --out ...
+
+A drafter is any `--drafter` value (a directory, "default", "ngram", "default+ngram"); "NAME@k" runs it at k only
+("NAME@default": at its default draft length for each batch size), a bare name at every `--draft-lens`.
+`--prompts`: a prompt set (chat, code, editing) or a JSONL file.
 
 `specformer bench` compares one drafter with plain decoding; comparing two drafters across two such runs mixes in
 the machine's drift between them. Here every side runs once untimed (compiling every shape), then `--repeats`
@@ -23,20 +29,29 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from specformer_jax.checkpoints.drafter_io import load_drafter
+from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.cli.args import parse_drafter
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.encode import read_prompts_file
-
-PROMPTS = Path(__file__).resolve().parents[1] / "specformer_jax" / "assets" / "eval-prompts.jsonl"
+from specformer_jax.modeling.loaded import LoadedDrafter
 
 
 def sides(drafters: dict, draft_lens: list[int]) -> dict:
-    """name -> generate options: "plain", then "DRAFTER@k" for each drafter and draft length."""
+    """name -> generate options: "plain", then "DRAFTER@k" for each drafter and draft length (its own k when its name
+    carries one)."""
     out = {"plain": {}}
     for k in draft_lens:
-        out |= {f"{name}@{k}": {"drafter": d, "draft_len": k} for name, d in drafters.items()}
+        out |= {f"{name}@{k}": {"drafter": d, "draft_len": k} for name, d in drafters.items() if "@" not in name}
+    at = lambda name: None if name.endswith("@default") else int(name.rpartition("@")[2])
+    out |= {name: {"drafter": d, "draft_len": at(name)} for name, d in drafters.items() if "@" in name}
     return out
+
+
+def facts(drafter) -> dict:
+    """Which weights a side drafted with (none for the n-gram lookup)."""
+    loaded = drafter if isinstance(drafter, LoadedDrafter) else getattr(drafter, "drafter", None)
+    return {"sha256": loaded.sha256, "draft_vocab": loaded.meta.get("draft_vocab")} if loaded else {}
 
 
 def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: int) -> dict:
@@ -53,12 +68,19 @@ def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: 
     tps = lambda name: [s["tokens_per_second"] for s in runs[name]]
     row = {"batch_size": batch, "num_prompts": len(prompts)}
     for name in options:
+        last = runs[name][-1]
         row[name] = {"tokens_per_second": statistics.median(tps(name)), "tokens_per_second_runs": tps(name),
-                     "mean_accepted_length": runs[name][-1].get("mean_accepted_length", 1.0)}
+                     "mean_accepted_length": last.get("mean_accepted_length", 1.0),
+                     "acceptance_rate_per_slot": last.get("acceptance_rate_per_slot"),
+                     "draft_len": last.get("draft_len", 0)}
+        if "by_source" in last:
+            row[name]["by_source"] = {src: {key: by[key] for key in ("share_of_rounds", "mean_accepted_length")}
+                                      for src, by in last["by_source"].items()}
         row[name]["speedup"] = statistics.median(b / a for a, b in zip(tps("plain"), tps(name)))
     for name in list(options)[1:]:  # each drafter against the first one at the same k, paired by repeat
         first = next(n for n in options if n.endswith(name[name.rfind("@"):]))
-        row[name]["vs_first_drafter"] = statistics.median(b / a for a, b in zip(tps(first), tps(name)))
+        if first != name:
+            row[name]["vs_first_drafter"] = statistics.median(b / a for a, b in zip(tps(first), tps(name)))
     return row
 
 
@@ -68,7 +90,7 @@ def main() -> None:
     ap.add_argument("--drafters", required=True, help="comma-separated drafter directories ('default': the shipped)")
     ap.add_argument("--draft-lens", default="1,4")
     ap.add_argument("--batch-sizes", default="1,8")
-    ap.add_argument("--prompts", default=str(PROMPTS), help="JSONL prompts (default: the benchmark prompts)")
+    ap.add_argument("--prompts", default="chat", help="a prompt set (chat, code, editing) or a JSONL file")
     ap.add_argument("--num-prompts", default="4,16", help="prompts used at each batch size (the first N)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -78,9 +100,9 @@ def main() -> None:
     names = args.drafters.split(",")
     if len(set(names)) != len(names):
         raise SystemExit("--drafters: each drafter once")
-    drafters = {name: load_drafter(name, model) for name in names}
+    drafters = {name: parse_drafter(name.partition("@")[0], model) for name in names}
     options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
-    prompts = read_prompts_file(Path(args.prompts))
+    prompts = read_prompts_file(PROMPT_SETS.get(args.prompts) or Path(args.prompts))
     rows = []
     batches, counts = args.batch_sizes.split(","), args.num_prompts.split(",")
     if len(batches) != len(counts):
@@ -93,8 +115,7 @@ def main() -> None:
     result = {"command": " ".join(sys.argv), "device": dev.device_kind, "platform": dev.platform,
               "cpu_count": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
               "numpy": np.__version__, "model": model.source, "dtype": model.cfg.dtype,
-              "drafters": {name: {"sha256": d.sha256, "draft_vocab": d.meta.get("draft_vocab")}
-                           for name, d in drafters.items()},
+              "prompts": args.prompts, "drafters": {name: facts(d) for name, d in drafters.items()},
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)

@@ -16,8 +16,9 @@ from specformer_jax.decoding import records as rec
 from specformer_jax.decoding import runner
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.drafters import default_draft_len
 from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen, default_draft_len, drafter_acceptance
+from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter

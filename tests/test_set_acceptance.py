@@ -81,7 +81,7 @@ def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     N, rows = 30, 3
     plan = make_plan(model, 3, GREEDY, N)
     source = SpecformerDrafts(drafter.cfg, drafter.params).bind(plan, model.params)
-    chunk = functools.partial(jax.jit, static_argnums=(0, 1))(run_chunk)
+    chunk = functools.partial(jax.jit, static_argnums=(0, 1, 2))(run_chunk)
     width = max(map(len, PROMPTS[:rows]))
     block = np.zeros((rows, width), np.int32)
     for r, p in enumerate(PROMPTS[:rows]):
@@ -90,10 +90,10 @@ def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     pool = insert(plan, model.params, source, pool, jnp.asarray(block),
                   jnp.asarray([len(p) for p in PROMPTS[:rows]], jnp.int32), jnp.arange(rows, dtype=jnp.int32),
                   jnp.full((rows,), N, jnp.int32), jax.random.split(jax.random.key(0), rows))
-    pool = chunk(plan, 4, model.params, source, SetAcceptance(jnp.float32(0.7)), pool)
+    pool = chunk(plan, 4, 3, model.params, source, SetAcceptance(jnp.float32(0.7)), pool)
     mid = np.asarray(pool.num_out)
     for _ in range(2):
-        pool = chunk(plan, 4, model.params, source, Verify(), pool)
+        pool = chunk(plan, 4, 3, model.params, source, Verify(), pool)
     out, end = np.asarray(pool.out), np.asarray(pool.num_out)
     assert (mid > 4).all() and (end > mid).all()
     for r in range(rows):

@@ -15,11 +15,11 @@ from flax import struct
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.drafters import default_draft_len
 from specformer_jax.decoding.plan import DecodePlan
 from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.speculative import choose_drafts
-from specformer_jax.decoding.tuner import default_draft_len
 from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter, cpu_kernels_ready
 
@@ -49,8 +49,16 @@ class OracleSource:
     def empty_state(self, plan, rows, max_len):
         return drafter_cache(plan.cfg, rows, max_len)
 
+    origins = ("oracle",)
+
     def bind(self, plan, params):
         return self
+
+    def origin(self, state):
+        return None
+
+    def widths(self, plan):
+        return (plan.draft_len,)
 
 
 @struct.dataclass

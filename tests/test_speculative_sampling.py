@@ -12,8 +12,10 @@ import scipy.stats
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import draft_source, runner, speculative
+from specformer_jax.decoding import draft_source, hybrid, runner, speculative
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.hybrid import Hybrid
+from specformer_jax.decoding.ngram import NgramDrafts
 from specformer_jax.decoding.sampling import SamplingConfig, process_logits
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
@@ -21,6 +23,7 @@ from specformer_jax.modeling.loaded import LoadedDrafter
 from specformer_jax.modeling.target import Target
 
 PROMPT = [5, 17, 3, 99, 42, 7, 8]
+RECURRING = list(range(1, 128, 2))  # half the vocabulary: a sampled token often recurs, so n-gram drafts are common
 SAMPLING = SamplingConfig(temperature=1.0, top_k=5)
 ROWS = 3000
 
@@ -36,11 +39,11 @@ def drafter(model):
     return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(5)), {})
 
 
-def next_token_probs(model, prefixes):
+def next_token_probs(model, prefixes, prompt=PROMPT):
     """Exact processed next-token distribution after each prefix (float64), from one batched forward.
 
-    Prefixes are right-padded into one fixed [SUPPORT, len(PROMPT) + 2] batch, so a single compilation serves all."""
-    rows, width = SAMPLING.top_k, len(PROMPT) + 2
+    Prefixes are right-padded into one fixed [SUPPORT, len(prompt) + 2] batch, so a single compilation serves all."""
+    rows, width = SAMPLING.top_k, len(prompt) + 2
     assert len(prefixes) <= rows and max(map(len, prefixes)) <= width
     tokens = np.zeros((rows, width), np.int32)
     lens = np.ones((rows,), np.int32)
@@ -57,14 +60,14 @@ def _next_token_probs(cfg, params, tokens, lens):
     return jax.nn.softmax(process_logits(logits, SAMPLING))
 
 
-def exact_joint_of_tokens_2_and_3(model):
+def exact_joint_of_tokens_2_and_3(model, prompt=PROMPT):
     """P(t2, t3) = sum over t1 of p(t1) p(t2 | t1) p(t3 | t1, t2), over the top-k supports."""
-    p1 = next_token_probs(model, [PROMPT])[0]
+    p1 = next_token_probs(model, [prompt], prompt)[0]
     joint = {}
     for t1 in np.nonzero(p1)[0]:
-        p2 = next_token_probs(model, [PROMPT + [int(t1)]])[0]
+        p2 = next_token_probs(model, [prompt + [int(t1)]], prompt)[0]
         seconds = np.nonzero(p2)[0]
-        p3 = next_token_probs(model, [PROMPT + [int(t1), int(t2)] for t2 in seconds])
+        p3 = next_token_probs(model, [prompt + [int(t1), int(t2)] for t2 in seconds], prompt)
         for t2, row in zip(seconds, p3):
             for t3 in np.nonzero(row)[0]:
                 joint[(int(t2), int(t3))] = joint.get((int(t2), int(t3)), 0.0) + p1[t1] * p2[t2] * row[t3]
@@ -85,17 +88,23 @@ def chi_square_pvalue(samples, joint):
     return scipy.stats.chisquare(obs_b, exp_b * obs_b.sum() / exp_b.sum()).pvalue
 
 
-def sample_tokens_2_and_3(model, drafter, seed):
-    res = generate(model, [PROMPT] * ROWS, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+def sample_tokens_2_and_3(model, drafter, seed, prompt=PROMPT):
+    res = generate(model, [prompt] * ROWS, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
                    batch_size=1000, seed=seed, drafter=drafter, draft_len=3)
     assert 1.0 <= res.stats["mean_accepted_length"] <= 4.0
     return [tuple(ids[1:3]) for ids in res.token_ids], res.stats
 
 
-def variant_drafter(model, variant: str) -> LoadedDrafter:
-    """A random drafter that reads the token after its position: at the slots (next_token_input; its zero-initialised
+def variant_drafter(model, variant: str):
+    """The n-gram lookup ("ngram", its drafts deterministic: q a point mass), a hybrid choosing it for rows whose last
+    token recurs and a random drafter for the others ("hybrid", each row verified against its own q), or a random
+    drafter that reads the token after its position: at the slots (next_token_input; its zero-initialised
     projection made to matter) or at the context layer (context_token_input); or one whose head spans half the
     vocabulary (draft_vocab: q is zero on the other half, where the target's samples still land)."""
+    if variant == "ngram":
+        return NgramDrafts()
+    if variant == "hybrid":
+        return Hybrid(variant_drafter(model, "draft_vocab"), min_match=1)
     cfg = DrafterConfig(num_slots=3, next_token_input=variant == "slots", context_token_input=variant == "context",
                         draft_vocab_size=64 if variant == "draft_vocab" else None)
     vocab = np.sort(np.random.default_rng(1).permutation(128)[:64]) if cfg.draft_vocab_size else None
@@ -106,13 +115,17 @@ def variant_drafter(model, variant: str) -> LoadedDrafter:
     return LoadedDrafter(cfg, params, {})
 
 
-@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("slots", marks=pytest.mark.slow),
+@pytest.mark.parametrize("variant", ["paper", "draft_vocab", "ngram", "hybrid",
+                                     pytest.param("slots", marks=pytest.mark.slow),
                                      pytest.param("context", marks=pytest.mark.slow)])
 def test_speculative_samples_follow_the_target_distribution(model, drafter, variant):
-    joint = exact_joint_of_tokens_2_and_3(model)
+    prompt = RECURRING if variant in ("ngram", "hybrid") else PROMPT
+    joint = exact_joint_of_tokens_2_and_3(model, prompt)
     samples, stats = sample_tokens_2_and_3(model, drafter if variant == "paper" else variant_drafter(model, variant),
-                                           seed=11)
+                                           seed=11, prompt=prompt)
     assert 0 < stats["acceptance_rate_per_slot"][0] < 1  # both acceptance and rejection paths are exercised
+    for by in stats.get("by_source", {}).values():  # a hybrid: both sources drafted, and some of each accepted
+        assert by["share_of_rounds"] > 0.2 and by["acceptance_rate_per_slot"][0] > 0.01
     assert chi_square_pvalue(samples, joint) > 1e-3
 
 
@@ -127,6 +140,20 @@ def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch)
     monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())  # do not reuse the correct compiled ones
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
+    assert chi_square_pvalue(samples, joint) < 1e-6
+
+
+def test_the_test_catches_a_hybrid_that_verifies_with_the_wrong_q(model, monkeypatch):
+    """The power check for the hybrid: n-gram rows verified against the drafter's q instead of their point mass."""
+    real = hybrid.point_mass
+
+    def spread(plan, drafts):  # a uniform q: wrong for the n-gram's deterministic drafts
+        return jnp.full_like(real(plan, drafts), 1.0 / plan.cfg.vocab_size)
+
+    monkeypatch.setattr(hybrid, "point_mass", spread)
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())
+    joint = exact_joint_of_tokens_2_and_3(model, RECURRING)
+    samples, _ = sample_tokens_2_and_3(model, variant_drafter(model, "hybrid"), seed=11, prompt=RECURRING)
     assert chi_square_pvalue(samples, joint) < 1e-6
 
 

@@ -51,7 +51,7 @@ def engine(cfg, sampling, speculative=True, drafter=DRAFTER):
         source = jax.eval_shape(lambda d, p: d.bind(plan, p), source, target_params())
     pool = jax.eval_shape(lambda: empty_pool(plan, B, 64, source))
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-    chunk = (lambda p, d, s: run_chunk(plan, 4, p, d, Verify(), s)), (target_params(), source, pool)
+    chunk = (lambda p, d, s: run_chunk(plan, 4, plan.draft_len, p, d, Verify(), s)), (target_params(), source, pool)
     refill = (lambda p, d, s, *block: insert(plan, p, d, s, *block),
               (target_params(), source, pool, spec((B, TP)), spec((B,)), spec((B,)), spec((B,)), keys))
     return chunk, refill

@@ -6,3 +6,6 @@ ASSETS = Path(__file__).resolve().parent
 DEFAULT_DRAFTER = ASSETS / "drafter-smollm2-135m-instruct"  # the drafter trained for the default model
 BUILTIN_PROMPTS = ASSETS / "builtin-prompts.json"  # word lists and templates of the built-in training prompts
 EVAL_PROMPTS = ASSETS / "eval-prompts.jsonl"  # the benchmark prompts drafters are measured on; never training data
+CODE_PROMPTS = ASSETS / "code-prompts.jsonl"  # benchmark prompts asking for code
+EDITING_PROMPTS = ASSETS / "editing-prompts.jsonl"  # benchmark prompts whose answers copy their input (n-gram drafts)
+PROMPT_SETS = {"chat": EVAL_PROMPTS, "code": CODE_PROMPTS, "editing": EDITING_PROMPTS}  # never training data

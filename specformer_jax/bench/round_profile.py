@@ -121,7 +121,7 @@ class _Timers:
 
     def _whole(self, R: int):
         args = (self.params, self.source, Verify(), self.pool)
-        chunk = _compiled(run_chunk, self.plan, args, static=(R,), donate=(3,))
+        chunk = _compiled(run_chunk, self.plan, args, static=(R, self.plan.draft_len), donate=(3,))
 
         def call():
             self.pool = self._rewind(chunk(self.params, self.source, Verify(), self.pool))
@@ -149,10 +149,11 @@ class _Timers:
         accept = _compiled(_accept, plan, accept_args)
         n, final = accept(*accept_args)
         if plan.speculative:
-            self._draft_parts(*_compiled(update, plan, (s, written, n, final))(s, written, n, final), hidden, n, keys)
+            args = (s, written, s.drafts, n, final)
+            self._draft_parts(*_compiled(update, plan, args)(*args), hidden, n, keys)
         # The bookkeeping reads the caches' lengths only, and the engine updates them in place; a call of its own
         # would copy every cache into its output, so it is timed on the pool with its caches' contents left out.
-        update_args = (_without_contents(s), _without_contents(written), n, final)
+        update_args = (_without_contents(s), _without_contents(written), s.drafts, n, final)
         bookkeeping = _compiled(update, plan, update_args)
         self.items.update(target=target, lm_head=lambda: head(params, h), accept=lambda: accept(*accept_args),
                           update=lambda: bookkeeping(*update_args))

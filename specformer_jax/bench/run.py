@@ -25,18 +25,19 @@ import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import generate, resolve_draft_len
+from specformer_jax.decoding.drafters import Drafter, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.tuner import AutoDraftLen
-from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
+from specformer_jax.modeling.loaded import LoadedTarget
 
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
 KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
         "draft_len", "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot",
-        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds", "law_accepted_length")
+        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds", "law_accepted_length", "by_source")
 
 
-def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: list[Prompt], *,
+def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
                   chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log: bool = True,
@@ -53,11 +54,12 @@ def run_benchmark(model: LoadedTarget, drafter: LoadedDrafter | None, prompts: l
     on stderr."""
     prompts = synthetic_prompts(model, prompts)
     draft_len = resolve_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
+    loaded = specformer_part(drafter)  # what weights it drafts with (none: the n-gram lookup)
     doc = {
-        "drafter_sha256": drafter.sha256 if drafter else None,  # `sha256sum params.safetensors` of the drafter
+        "drafter_sha256": loaded.sha256 if loaded else None,  # `sha256sum params.safetensors` of the drafter
         "draft_len": "auto" if isinstance(draft_len, AutoDraftLen) else "default" if draft_len is None else draft_len,
         "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
-        "model_facts": model_facts(model.cfg, drafter and drafter.cfg, model.params, drafter and drafter.params),
+        "model_facts": model_facts(model.cfg, loaded and loaded.cfg, model.params, loaded and loaded.params),
         "device_measured": measure_device(model.cfg.dtype),
         "dtype": model.cfg.dtype,
         "max_new_tokens": max_new_tokens,

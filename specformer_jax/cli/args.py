@@ -121,3 +121,21 @@ def drafter_needed(drafter, draft_len, hint: str) -> None:
     """Refuse --draft-len k > 0 or auto when there is no drafter."""
     if drafter is None and draft_len not in (None, 0):
         raise SpecformerError(f"--draft-len {draft_len} needs a drafter{hint}")
+
+
+def parse_drafter(spec: str, target):
+    """A drafter named as `--drafter` names it: "ngram" (or "ngram:MIN-MAX"), "default+ngram" or "DIR+ngram" (a
+    hybrid), else a SpecFormer drafter ("default", "random" or a directory: load_drafter)."""
+    from specformer_jax.checkpoints.drafter_io import load_drafter
+    from specformer_jax.decoding.hybrid import Hybrid
+    from specformer_jax.decoding.ngram import parse_ngram
+
+    spec = str(spec)
+    base, plus, ngram = spec.rpartition("+")
+    if ngram.startswith("ngram") and not base and not plus:
+        return parse_ngram(ngram)
+    if plus and ngram.startswith("ngram"):
+        if not base:
+            raise SpecformerError(f"a hybrid drafter is DRAFTER+ngram (e.g. default+ngram), got {spec!r}")
+        return Hybrid(load_drafter(base, target), parse_ngram(ngram))
+    return load_drafter(spec, target)

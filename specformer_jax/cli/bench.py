@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pallas_kernels import IMPLS
-from specformer_jax.assets import EVAL_PROMPTS
+from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli import args as a
 from specformer_jax.cli.decode import draft_len
@@ -24,19 +24,21 @@ def add_parsers(sub) -> None:
                    help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     p.add_argument("--drafter", default="default",
                    help="'default' (with a random:NAME model: 'random'), a drafter directory, 'random' (random "
-                        "weights, 8 slots) or 'none' (AR only)")
+                        "weights, 8 slots), 'ngram', 'default+ngram' or 'DIR+ngram' (as in generate) or 'none' "
+                        "(AR only)")
     p.add_argument("--set-acceptance", type=a.rate_list("--set-acceptance"), default=None,
                    help="comma-separated rates, e.g. 0.5,0.7,0.8: a row per rate, its speculative side accepting each "
                         "draft with that probability (the ones before it accepted) instead of verifying: the cost "
                         "of a drafter with that acceptance; the text is meaningless")
-    p.add_argument("--prompts", type=Path, default=EVAL_PROMPTS,
-                   help="JSONL prompts (default: the package's benchmark prompts, specformer_jax/assets/"
-                        "eval-prompts.jsonl)")
+    p.add_argument("--prompts", type=prompt_set, default=PROMPT_SETS["chat"],
+                   help="a prompt set shipped with the package (chat, the default; code; editing: answers that copy "
+                        "their input) or a JSONL file of prompts")
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8],
                    help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--draft-len", type=draft_len, default=None,
-                   help="drafts per round, or auto (per batch size; default: all trained slots on a GPU/TPU; on a CPU "
-                        "2 at batch 1, 1 at batch 2, else plain decoding)")
+                   help="drafts per round, or auto (per batch size; default as in generate: all trained slots on a "
+                        "GPU/TPU, 4 for ngram; on a CPU at batch 1 2 (ngram and hybrids 7), at batch 2 1 (ngram 2, "
+                        "hybrids 4), else plain decoding)")
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
@@ -103,10 +105,14 @@ def _add_bench_kernels(sub) -> None:
     p.set_defaults(func=run_bench_kernels)
 
 
+def prompt_set(text: str) -> Path:
+    """--prompts: a shipped prompt set by name, else a file."""
+    return PROMPT_SETS.get(text) or Path(text)
+
+
 def run_bench(args) -> int:
     from specformer_jax.bench.plot import plot_bench
     from specformer_jax.bench.run import run_benchmark
-    from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.checkpoints.random_weights import is_random
     from specformer_jax.decoding.encode import read_prompts_file
@@ -114,7 +120,7 @@ def run_bench(args) -> int:
     prompts = read_prompts_file(args.prompts)
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
     name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
-    drafter = None if name == "none" else load_drafter(name, model)
+    drafter = None if name == "none" else a.parse_drafter(name, model)
     a.drafter_needed(drafter, args.draft_len, "; --drafter none times plain decoding only")
     if args.set_acceptance and (drafter is None or args.draft_len in (0, None, "auto")):
         raise SpecformerError("--set-acceptance needs speculative decoding with a fixed --draft-len (and a drafter)")

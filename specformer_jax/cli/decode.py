@@ -34,12 +34,16 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
-                   help="'default' (shipped for the default model), a drafter directory, or 'none' for plain "
-                        "decoding; default: the shipped drafter when --model is default, else none")
+                   help="'default' (shipped for the default model), a drafter directory, 'ngram' (drafts looked up "
+                        "in the prompt and answer so far: any model, no training; 'ngram:MIN-MAX' sets the n tried, "
+                        "default 1-4), 'default+ngram' or 'DIR+ngram' (per row the n-gram drafts when 2+ tokens "
+                        "match, else the drafter's), or 'none' for plain decoding; default: the shipped drafter when "
+                        "--model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
-                   help="drafts per round: 1..trained slots, 0 = off, or auto (chosen per batch size from measured "
-                        "costs; default: all trained slots on a GPU/TPU; on a CPU 2 at batch 1, 1 at batch 2, else "
-                        "plain decoding)")
+                   help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
+                        "drafter alone: chosen per batch size from measured costs); default: all trained slots on a "
+                        "GPU/TPU (4 for ngram); on a CPU at batch 1 2 (ngram and hybrids 7), at batch 2 1 (ngram 2, "
+                        "hybrids 4), else plain decoding")
     p.set_defaults(func=run_generate)
 
 
@@ -117,20 +121,21 @@ def _chosen_drafter(args, model):
     """The drafter to decode with, or None for plain decoding: with no --drafter, the shipped one goes with the
     default model."""
     from specformer_jax.assets import DEFAULT_DRAFTER
-    from specformer_jax.checkpoints.drafter_io import load_drafter
 
     choice = args.drafter
     if choice is None:
         if args.model != "default" or not (DEFAULT_DRAFTER / "drafter.json").is_file():
             return None
         choice = "default"
-    return None if choice == "none" else load_drafter(choice, model)
+    return None if choice == "none" else a.parse_drafter(choice, model)
 
 
 def _print_summary(s: dict, chosen: bool) -> None:
     """The stats line; `chosen`: the draft length was the default's or auto's, not the user's."""
     spec = (f", drafter {s['drafter']}, k = {s['draft_len']}, mean accepted length {s['mean_accepted_length']:.2f}"
             if "mean_accepted_length" in s else ", plain decoding")
+    for name, by in s.get("by_source", {}).items():  # a hybrid: where the drafts came from
+        spec += f"; {name} {by['share_of_rounds']:.0%} of rounds, accepted length {by['mean_accepted_length']:.2f}"
     if chosen and s.get("draft_len") == 0 and s.get("drafter") != "none":  # a drafter, but no draft length paid
         spec += f" (no draft length pays at batch {s['batch_size']} here; --draft-len K drafts anyway)"
     print(f"specformer: {s['num_generated']} tokens in {s['run_seconds']:.2f} s = {s['tokens_per_second']:.1f} "

@@ -16,9 +16,10 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED, integer, is_int
+from specformer_jax.decoding import drafters
 from specformer_jax.decoding.cost_model import DraftLenChoice
-from specformer_jax.decoding.draft_source import SpecformerDrafts
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
+from specformer_jax.decoding.ngram import parse_ngram
 from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan, make_plan
 from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.runner import DecodeRun
@@ -26,11 +27,10 @@ from specformer_jax.decoding.sampling import SamplingConfig
 from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
 from specformer_jax.decoding.set_acceptance import SetAcceptance, law_accepted_length
 from specformer_jax.decoding.speculative import Verify
-from specformer_jax.decoding.tuner import AutoDraftLen, default_draft_len, drafter_acceptance
+from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
-from specformer_jax.modeling.drafter import drafter_axes
-from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, check_drafter_fits, checked_target
-from specformer_jax.parallel import AXES, make_mesh, param_shardings, replicated
+from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, checked_target
+from specformer_jax.parallel import AXES, make_mesh, replicated
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ class GenerationResult:
 
 def generate(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8, chat: bool = True,
-             max_cache_len: int | None = None, progress: bool = False, drafter: LoadedDrafter | None = None,
+             max_cache_len: int | None = None, progress: bool = False, drafter: drafters.Drafter | str | None = None,
              draft_len: int | str | AutoDraftLen | None = None, schedule: str = "continuous",
              chunk_rounds: int | None = None, mesh: Mesh | str | None = None, records: DecodeRecords | None = None,
              set_acceptance: float | None = None) -> GenerationResult:
@@ -63,11 +63,14 @@ def generate(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: 
     `max_new_tokens`: the answer's budget. `temperature` (0: greedy), `top_k` (0: off), `top_p`, `seed`: sampling;
     a prompt's samples depend on the seed and its index, not on its batch. `batch_size`: slots of the pool (rows
     decoded at once). `max_cache_len`: positions a row may use (default: the model's context length). `progress`:
-    a progress bar on stderr. `drafter`: a LoadedDrafter (load_drafter). `draft_len`: drafts per round, at most the
-    drafter's trained slots (default: all of them on an accelerator; on a CPU 2 at batch 1, 1 at batch 2 and plain
-    decoding beyond, tuner.default_draft_len; 0: plain decoding), or "auto" (an AutoDraftLen reading and keeping
-    `records`) or an AutoDraftLen tuner: chosen for this batch size from measured costs and acceptance
-    (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from the
+    a progress bar on stderr. `drafter`: a LoadedDrafter (load_drafter), the n-gram lookup (NgramDrafts, or
+    "ngram" / "ngram:MIN-MAX": any model, no training) or a Hybrid of both (Hybrid(load_drafter(...)): per row the
+    n-gram drafts or the drafter's). `draft_len`: drafts per round, at most a SpecFormer
+    drafter's trained slots (16 for the n-gram lookup and hybrids; default, drafters.default_draft_len: on an
+    accelerator all trained slots, 4 for the lookup alone; on a CPU at batch 1 2 for a SpecFormer drafter, 7 for the
+    lookup and hybrids, at batch 2 1, 2 and 4, plain decoding beyond; 0: plain decoding), or "auto" (an
+    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
+    costs and acceptance (docs/decoding.md). `schedule`: "continuous" (a finished prompt's slot is refilled from the
     queue at the next chunk boundary) or "static" (batches of `batch_size` prompts, each run until its slowest row
     is done). `chunk_rounds`: rounds (plain steps or speculative rounds) the device runs between two looks of the
     host, 1..max_new_tokens (default plan.CHUNK_ROUNDS). `mesh` (specformer_jax.parallel.make_mesh, or its spec such
@@ -85,7 +88,7 @@ def generate(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: 
 def generate_stream(model: LoadedTarget, prompts: Sequence[Prompt], *, max_new_tokens: int = 128,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                     chat: bool = True, max_cache_len: int | None = None, progress: bool = False,
-                    drafter: LoadedDrafter | None = None, draft_len: int | str | AutoDraftLen | None = None,
+                    drafter: drafters.Drafter | str | None = None, draft_len: int | str | AutoDraftLen | None = None,
                     schedule: str = "continuous", chunk_rounds: int | None = None, mesh: Mesh | str | None = None,
                     records: DecodeRecords | None = None,
                     set_acceptance: float | None = None) -> Iterator[tuple[int, list[int]]]:
@@ -100,10 +103,10 @@ class _Job:
     """A checked call: what to decode, with what, and how."""
 
     model: LoadedTarget
-    drafter: LoadedDrafter | None
+    drafter: drafters.Drafter | None
     ids: list[list[int]]
     plan: DecodePlan
-    source: SpecformerDrafts | None  # the draft source (speculative plans)
+    source: Any  # the draft source (speculative plans; drafters.draft_source)
     accept: Verify | SetAcceptance
     chunk_rounds: int
     row_keys: jax.Array
@@ -130,8 +133,10 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
     row_keys = _row_keys(SEED.check("seed", seed), len(prompts))
     if records is not None and not isinstance(records, DecodeRecords):
         raise SpecformerError(f"records must be a DecodeRecords, got {type(records).__name__}")
+    if isinstance(drafter, str) and drafter.startswith("ngram"):
+        drafter = parse_ngram(drafter)
     if drafter is not None:
-        check_drafter_fits(drafter, model.cfg)
+        drafter = drafters.checked_drafter(drafter, model.cfg)
     draft_len = resolve_draft_len(drafter, draft_len, records)
     rate = _checked_rate(set_acceptance, draft_len)
     mesh = _checked_mesh(mesh)
@@ -143,17 +148,18 @@ def _prepare(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, ba
         B = -(-B // rows) * rows
     model.use_decoding_layout(B, mesh)
     if draft_len is None:
-        draft_len = default_draft_len(drafter, B, model.cfg.pack_weights)
+        draft_len = drafters.default_draft_len(drafter, B, model.cfg.pack_weights)
     auto = None
     if isinstance(draft_len, AutoDraftLen):
         auto = _auto_choice(draft_len, model, drafter, B, ids, max_new_tokens, sampling, schedule, progress)
         draft_len = auto.draft_len
     plan = make_plan(model, draft_len, sampling, max_new_tokens)
-    return _Job(model, drafter, ids, plan, _source(model, drafter, draft_len, mesh), _accept_rule(rate, mesh),
-                chunk_rounds, row_keys, B, schedule, mesh, records, progress, auto, rate)
+    source = drafters.draft_source(drafter, mesh, model.cfg, B) if draft_len else None
+    return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh), chunk_rounds, row_keys, B, schedule,
+                mesh, records, progress, auto, rate)
 
 
-def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeRecords | None = None
+def resolve_draft_len(drafter: drafters.Drafter | None, draft_len, records: DecodeRecords | None = None
                       ) -> int | None | AutoDraftLen:
     """The drafts per round to decode with, checked before any compilation: an int (0: plain decoding), None for the
     default (which depends on the pool's size: `default_draft_len`, applied once that is known), or, for "auto" or
@@ -163,7 +169,7 @@ def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeR
     if isinstance(draft_len, AutoDraftLen):
         if drafter is None:
             return 0
-        drafter_acceptance(drafter)  # refused now when the drafter records none
+        drafter_acceptance(drafters.specformer_only(drafter, "--draft-len auto"))  # refused now if it records none
         return draft_len
     if draft_len is None:
         return None if drafter is not None else 0
@@ -172,8 +178,9 @@ def resolve_draft_len(drafter: LoadedDrafter | None, draft_len, records: DecodeR
                               f"got {draft_len!r}")
     if drafter is None and draft_len:
         raise SpecformerError(f"draft_len={draft_len} needs a drafter (drafter=load_drafter(path, model))")
-    if drafter is not None and draft_len > drafter.cfg.num_slots:
-        raise SpecformerError(f"draft_len must be in 0..{drafter.cfg.num_slots} for this drafter, got {draft_len}")
+    if drafter is not None and draft_len > drafters.max_draft_len(drafter):
+        raise SpecformerError(f"draft_len must be in 0..{drafters.max_draft_len(drafter)} for this drafter, got "
+                              f"{draft_len}")
     return int(draft_len)
 
 
@@ -196,7 +203,7 @@ def _decode(job: _Job, stream: bool):
     if job.set_acceptance is not None:
         stats.update(set_acceptance=job.set_acceptance,
                      law_accepted_length=law_accepted_length(job.set_acceptance, plan.draft_len))
-    elif job.records is not None and plan.speculative:
+    elif job.records is not None and plan.speculative and isinstance(job.drafter, LoadedDrafter):
         _record(job.records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]
@@ -218,17 +225,6 @@ def _accept_rule(rate: float | None, mesh: Mesh | None) -> Verify | SetAcceptanc
         return Verify()
     rule = SetAcceptance(jnp.float32(rate))
     return rule if mesh is None else jax.device_put(rule, replicated(mesh))
-
-
-def _source(model: LoadedTarget, drafter: LoadedDrafter | None, draft_len: int, mesh: Mesh | None):
-    """The drafter as the round's draft source (its parameters sharded over `mesh` by their logical axes), or None
-    for plain decoding."""
-    if not draft_len:
-        return None
-    params = drafter.params
-    if mesh is not None:
-        params = jax.device_put(params, param_shardings(params, drafter_axes(model.cfg, drafter.cfg), mesh))
-    return SpecformerDrafts(drafter.cfg, params)
 
 
 def _checked_rate(rate, draft_len: int | None | AutoDraftLen) -> float | None:

@@ -21,21 +21,37 @@ from specformer_jax.decoding.speculative import round_keys
 from specformer_jax.modeling.target import Target
 
 
-def decode_round(plan: DecodePlan, params, source, accept, s: Pool) -> Pool:
-    """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget).
+def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool) -> Pool:
+    """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget),
+    verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`).
     source: the draft source of a speculative plan, bound to the target's parameters (draft_source.py), else None;
     accept: the acceptance rule (speculative.Verify, or a measurement's). The parts are functions of their own, which
     `specformer profile-round` times one by one (bench/round_profile.py)."""
     keys = round_keys(s.keys, s.row_rounds + 1)
+    drafts, q = s.drafts[:, :width], s.q[:, :width]
     with jax.named_scope("verify" if plan.speculative else "decode_step"):
-        tokens = jnp.concatenate([s.last[:, None], s.drafts], axis=1)  # [P, k + 1]
+        tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)  # [P, width + 1]
         h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
-        n, final = accept(target_logits(plan, params, h), s.drafts, s.q, keys, plan.sampling)
-    s, kept, emitted = update(plan, s, cache, n, final)
+        n, final = accept(target_logits(plan, params, h), drafts, q, keys, plan.sampling)
+    s, kept, emitted = update(plan, s, cache, drafts, n, final)
     if not plan.speculative:
         return s
     with jax.named_scope("draft"):
         return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
+
+
+def chunk_widths(plan: DecodePlan, source) -> tuple[int, ...]:
+    """The widths a chunk may verify at: per origin of drafts (draft_source.py, `widths`) on a CPU, where a chunk
+    can end when its rows need another (`run_chunk`); elsewhere the widest, every round."""
+    widths = source.widths(plan) if plan.speculative else (0,)
+    return tuple(sorted(set(widths))) if plan.stop_early else (max(widths),)
+
+
+def needed_width(plan: DecodePlan, source, s: Pool) -> jax.Array:
+    """The widest of the live rows' needs (their drafts' origins' widths): the width the next round should verify
+    at (int32[]; the narrowest when no row is live)."""
+    widths = source.widths(plan) if plan.speculative else (0,)
+    return jnp.max(jnp.where(s.done, min(widths), jnp.asarray(widths, jnp.int32)[s.origin]))
 
 
 def target_pass(plan: DecodePlan, params, source, tokens: jax.Array, cache):
@@ -50,47 +66,59 @@ def target_logits(plan: DecodePlan, params, h: jax.Array) -> jax.Array:
     return Target(plan.cfg).apply({"params": params}, h, method=Target.logits)
 
 
-def update(plan: DecodePlan, s: Pool, cache, n: jax.Array, final: jax.Array):
-    """The bookkeeping of a round with n accepted drafts and the token `final` after them per row: the tokens emitted
-    (cut after an EOS and at the budget), the cache lengths, counts and flags. Returns (pool, kept: positions each row
-    keeps in the caches (0: not live), emitted [P, k + 1]: the token after each position of [x, d_1..d_k])."""
+def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, final: jax.Array):
+    """The bookkeeping of a round that verified `drafts` [P, w] (w <= k) with n accepted and the token `final` after
+    them per row: the tokens emitted (cut after an EOS and at the budget), the cache lengths, counts and flags.
+    Returns (pool, kept: positions each row keeps in the caches (0: not live), emitted [P, w + 1]: the token after
+    each position of [x, d_1..d_w])."""
     live = ~s.done
-    P, N, k = s.out.shape[0], s.out.shape[1], plan.draft_len
-    j = jnp.arange(k + 1)[None, :]
-    emitted = jnp.where(j < n[:, None], jnp.pad(s.drafts, ((0, 0), (0, 1))), final[:, None])
-    eos_at = jnp.min(jnp.where(is_eos(emitted, plan.eos_ids) & (j <= n[:, None]), j, k + 1), axis=1)
+    P, N, k, w = s.out.shape[0], s.out.shape[1], plan.draft_len, drafts.shape[1]
+    j = jnp.arange(w + 1)[None, :]
+    emitted = jnp.where(j < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), final[:, None])
+    eos_at = jnp.min(jnp.where(is_eos(emitted, plan.eos_ids) & (j <= n[:, None]), j, w + 1), axis=1)
     count = jnp.where(live, jnp.minimum(jnp.minimum(n + 1, eos_at + 1), s.budget - s.num_out), 0)
     idx = jnp.where(j < count[:, None], s.num_out[:, None] + j, N)  # not emitted: dropped
     num_out = s.num_out + count
     kept = jnp.where(live, n + 1, 0)  # x, d_1..d_n stay in the caches; the rest lies past their lengths
+    by = live[:, None] & (jnp.arange(s.origin_rounds.shape[1])[None, :] == s.origin[:, None])  # [P, O]
+    slot_ok = jnp.arange(k)[None, :] < n[:, None]
     s = s.replace(
         cache=cache.replace(lengths=s.cache.lengths + kept), last=jnp.where(live, final, s.last),
         out=s.out.at[jnp.arange(P)[:, None], idx].set(emitted, mode="drop"), num_out=num_out,
         done=s.done | (eos_at < count) | (num_out >= s.budget),
         row_rounds=s.row_rounds + live, row_emitted=s.row_emitted + count,
-        accepted=s.accepted + (live[:, None] & (jnp.arange(k)[None, :] < n[:, None])),
+        accepted=s.accepted + (live[:, None] & slot_ok),
+        origin_rounds=s.origin_rounds + by, origin_emitted=s.origin_emitted + by * count[:, None],
+        origin_accepted=s.origin_accepted + (by[:, :, None] & slot_ok[:, None, :]),
         rounds=s.rounds + jnp.any(live),
     )
     return s, kept, emitted
 
 
 def next_drafts(plan: DecodePlan, source, s: Pool, hidden, kept, n, emitted, keys) -> Pool:
-    """The next round's drafts of every live row, from the position of its last accepted token (the token after each
-    position of [x, d_1..d_k] is what the row emitted there: exact up to position n)."""
+    """The next round's k drafts of every live row, from the position of its last accepted token (the token after
+    each position of [x, d_1..d_w] is what the row emitted there: exact up to position n)."""
     drafts, q, state = source.draft(plan, hidden, s.draft_state, kept, n[:, None], emitted, keys[:, 2])
     live = kept > 0
+    origin = source.origin(state)
     return s.replace(draft_state=state, drafts=jnp.where(live[:, None], drafts, s.drafts),
-                     q=jnp.where(live[:, None, None], q, s.q))
+                     q=jnp.where(live[:, None, None], q, s.q),
+                     origin=s.origin if origin is None else jnp.where(live, origin, s.origin))
 
 
-def run_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool: Pool) -> Pool:
-    """`rounds` rounds on the pool (R, a static trip count); source: bound to `params` (draft_source.py). With
-    plan.stop_early (on a CPU), up to R rounds: the chunk ends after the round in which a row finished, so the host
-    collects it and refills its slot at once, and no round runs after the last row is done."""
-    step = lambda s: decode_round(plan, params, source, accept, s)
+def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept, pool: Pool) -> Pool:
+    """`rounds` rounds on the pool (R, a static trip count), each verifying `width` drafts (one of `chunk_widths`);
+    source: bound to `params` (draft_source.py). With plan.stop_early (on a CPU), up to R rounds: the chunk ends
+    after the round in which a row finished, so the host collects it and refills its slot at once, and no round
+    runs after the last row is done; it also ends when the rows' drafts need another width (`needed_width`: a
+    hybrid's n-gram rows more drafts verified than its SpecFormer rows, an n-gram row with no match none), so each
+    round costs what its rows need. The host then runs the chunk of that width (the first round runs at this one)."""
+    step = lambda s: decode_round(plan, width, params, source, accept, s)
     if not plan.stop_early:
         s = jax.lax.fori_loop(0, rounds, lambda _, s: step(s), pool)
         return s.replace(rounds_run=s.rounds_run + rounds)
-    go_on = lambda c: (c[0] < rounds) & ~jnp.any(c[1].done & ~pool.done)
+    same = (lambda s: needed_width(plan, source, s) == width) if len(chunk_widths(plan, source)) > 1 else (
+        lambda s: True)
+    go_on = lambda c: (c[0] < rounds) & ~jnp.any(c[1].done & ~pool.done) & ((c[0] == 0) | same(c[1]))
     n, s = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), pool))
     return s.replace(rounds_run=s.rounds_run + n)

@@ -1,16 +1,22 @@
 """Draft sources: what a speculative round drafts with. A source is a pytree the engine's compiled functions are
 given (its settings static, its parameters data), so a new source is a new class here, not branches in the round.
 
-A source answers four things (`SpecformerDrafts` is the model; tests give oracles of the same shape):
+A source answers these (`SpecformerDrafts` is the model, ngram.py and hybrid.py hold the others; tests give
+oracles of the same shape):
 
   hooks(plan)        the target hidden states it reads from the round's forward
-  empty_state(plan, rows, max_len)   its per-row state (a KV cache whose lengths move with the target's, or None)
+  empty_state(plan, rows, max_len)   its per-row state, whose lengths move with the target cache's (a KV cache, a
+                     token history): a pytree with `write_rows(new, slots, lens, Tp)` for the prefill
   bind(plan, params) itself with what it derives from the target's parameters (and its own weights in the
                      target's layout), once per call (scheduler.py)
   draft(plan, hidden, state, num_new, slots_at, next_tokens, keys)
                      -> (drafts int32[B, k], q float32[B, k, V] (greedy: [B, k, 1]), state): plan.draft_len drafts
                      from position slots_at[b, 0] of the T new tokens; the state grows by num_new[b] positions;
                      next_tokens [B, T]: the token after each new position (exact up to slots_at).
+  origins            names of what its drafts can come from (one name, or several for a hybrid: stats per origin)
+  origin(state)      int32[B]: which origin made each row's latest drafts (None: the first, for one-origin sources)
+  widths(plan)       per origin, how many of its k drafts a round verifies (a round verifies the most any live row
+                     needs, on a CPU: chunk.run_chunk)
 """
 
 from __future__ import annotations
@@ -45,8 +51,13 @@ class SpecformerDrafts:
     head: DraftHead | None = None  # the target's head for drafting (`bind`)
     packed: bool = struct.field(pytree_node=False, default=False)  # weights packed for the CPU kernels (`bind`)
 
+    origins = ("specformer",)
+
     def hooks(self, plan: DecodePlan) -> tuple[int, ...]:
         return self.cfg.resolved_hooks(plan.cfg)
+
+    def widths(self, plan: DecodePlan) -> tuple[int, ...]:
+        return (plan.draft_len,)
 
     def empty_state(self, plan: DecodePlan, rows: int, max_len: int) -> KVCache:
         return drafter_cache(plan.cfg, rows, max_len)
@@ -64,6 +75,9 @@ class SpecformerDrafts:
         h, state, next_embed = self.context(plan, hidden, state, num_new, next_tokens)
         drafts, q = self.choose(plan, self.slots(plan, h, slots_at, next_embed), keys)
         return drafts, q, state
+
+    def origin(self, state: KVCache) -> None:
+        return None
 
     # The parts of `draft`, which `specformer profile-round` times one by one.
     def context(self, plan: DecodePlan, hidden, state: KVCache, num_new, next_tokens):

@@ -8,6 +8,8 @@ when a round runs; an empty slot is a done row with budget 0.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -22,7 +24,7 @@ from specformer_jax.modeling.target import Target
 @struct.dataclass
 class Pool:
     cache: KVCache  # target, [L, P, Hkv, S, D]; lengths = tokens whose KV is kept (`last` is not among them yet)
-    draft_state: KVCache | None  # the draft source's (draft_source.py), same lengths (None: plain decoding)
+    draft_state: Any  # the draft source's (draft_source.py), same lengths (None: plain decoding)
     last: jax.Array  # int32[P]: the last emitted token, the next round's first input
     drafts: jax.Array  # int32[P, k]: the next round's drafts (k = 0: plain decoding)
     q: jax.Array  # float32[P, k, V]: the distribution each draft was drawn from ([P, k, 1] when greedy)
@@ -34,6 +36,10 @@ class Pool:
     row_rounds: jax.Array  # int32[P]: rounds the request was live in; round r draws from fold_in(key, r)
     row_emitted: jax.Array  # int32[P]: tokens those rounds emitted (the prefill's first token excluded)
     accepted: jax.Array  # int32[P, k]: rounds in which draft slot i was accepted
+    origin: jax.Array  # int32[P]: which of the source's origins (draft_source.py) made the row's drafts
+    origin_rounds: jax.Array  # int32[P, O]: the request's rounds by the origin of their drafts
+    origin_emitted: jax.Array  # int32[P, O]: tokens those rounds emitted
+    origin_accepted: jax.Array  # int32[P, O, k]: those rounds in which draft slot i was accepted
     rounds: jax.Array  # int32[]: rounds run with at least one live row
     rounds_run: jax.Array  # int32[]: rounds run, those after every row was done included
 
@@ -49,13 +55,16 @@ def empty_pool(plan: DecodePlan, pool_size: int, max_len: int, source) -> Pool:
     P, k, N = pool_size, plan.draft_len, plan.max_new_tokens
     zeros = jnp.zeros((P,), jnp.int32)
     width = 1 if plan.sampling.greedy else plan.cfg.vocab_size
+    O = len(source.origins) if plan.speculative else 0
     return Pool(
         cache=target_cache(plan.cfg, P, max_len),
         draft_state=source.empty_state(plan, P, max_len) if plan.speculative else None,
         last=zeros, drafts=jnp.zeros((P, k), jnp.int32), q=jnp.zeros((P, k, width), jnp.float32),
         out=jnp.zeros((P, N), jnp.int32), num_out=zeros, budget=zeros, done=jnp.ones((P,), bool),
         keys=jax.random.split(jax.random.key(0), P), row_rounds=zeros, row_emitted=zeros,
-        accepted=jnp.zeros((P, k), jnp.int32), rounds=jnp.int32(0), rounds_run=jnp.int32(0),
+        accepted=jnp.zeros((P, k), jnp.int32), origin=zeros, origin_rounds=jnp.zeros((P, O), jnp.int32),
+        origin_emitted=jnp.zeros((P, O), jnp.int32), origin_accepted=jnp.zeros((P, O, k), jnp.int32),
+        rounds=jnp.int32(0), rounds_run=jnp.int32(0),
     )
 
 
@@ -73,14 +82,16 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
     keys0 = round_keys(keys, jnp.zeros((b,), jnp.int32))
     first = select_tokens(logits[:, 0], keys0[:, 0], plan.sampling)
     put = lambda old, new: old.at[slots].set(new.astype(old.dtype), mode="drop")
-    pool = pool.replace(cache=_write_rows(pool.cache, cache, slots, lens, Tp))
+    pool = pool.replace(cache=pool.cache.write_rows(cache, slots, lens, Tp))
     if plan.speculative:
         after = jnp.where(jnp.arange(Tp)[None, :] == (lens - 1)[:, None], first[:, None],
                           jnp.pad(prompts[:, 1:], ((0, 0), (0, 1))))  # the token after each prompt position
         drafts, q, state = source.draft(plan, hidden, source.empty_state(plan, b, Tp), lens, (lens - 1)[:, None],
                                         after, keys0[:, 2])
-        pool = pool.replace(draft_state=_write_rows(pool.draft_state, state, slots, lens, Tp),
-                            drafts=put(pool.drafts, drafts), q=put(pool.q, q))
+        origin = source.origin(state)
+        pool = pool.replace(draft_state=pool.draft_state.write_rows(state, slots, lens, Tp),
+                            drafts=put(pool.drafts, drafts), q=put(pool.q, q),
+                            origin=pool.origin if origin is None else put(pool.origin, origin))
     zeros = jnp.zeros((b,), jnp.int32)
     return pool.replace(
         last=put(pool.last, first),
@@ -90,12 +101,8 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
         keys=pool.keys.at[slots].set(keys, mode="drop"),
         row_rounds=put(pool.row_rounds, zeros), row_emitted=put(pool.row_emitted, zeros),
         accepted=put(pool.accepted, jnp.zeros((b, plan.draft_len), jnp.int32)),
+        origin_rounds=put(pool.origin_rounds, jnp.zeros((b,) + pool.origin_rounds.shape[1:], jnp.int32)),
+        origin_emitted=put(pool.origin_emitted, jnp.zeros((b,) + pool.origin_emitted.shape[1:], jnp.int32)),
+        origin_accepted=put(pool.origin_accepted, jnp.zeros((b,) + pool.origin_accepted.shape[1:], jnp.int32)),
     )
 
-
-def _write_rows(pool_cache: KVCache, new: KVCache, slots: jax.Array, lens: jax.Array, Tp: int) -> KVCache:
-    """The first Tp positions of a b-row cache written into pool rows `slots`, their lengths set to `lens`."""
-    at = (slice(None), slots, slice(None), slice(0, Tp))
-    return KVCache(pool_cache.k.at[at].set(new.k[:, :, :, :Tp], mode="drop"),
-                   pool_cache.v.at[at].set(new.v[:, :, :, :Tp], mode="drop"),
-                   pool_cache.lengths.at[slots].set(lens, mode="drop"))

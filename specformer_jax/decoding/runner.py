@@ -55,6 +55,9 @@ class CompiledFunctions:
 COMPILED = CompiledFunctions()
 
 
+ORIGIN_COUNTS = ("origin_rounds", "origin_emitted", "origin_accepted")  # Pool's counts by where drafts came from
+
+
 @dataclasses.dataclass
 class DecodeRun:
     """What one call decoded and measured; per-request lists are in request order."""
@@ -69,7 +72,8 @@ class DecodeRun:
     live_row_rounds: int = 0  # rounds summed over requests: how full the pool ran
     pool_size: int = 0
     rows: dict[str, list] = dataclasses.field(default_factory=dict)  # speculative: "row_rounds", "row_emitted",
-    # "accepted" [k] per request
+    # "accepted" [k] per request, and with several origins ORIGIN_COUNTS ([O], [O], [O, k]) per request
+    origins: tuple[str, ...] = ()  # the draft source's origins (draft_source.py)
 
     def stats(self) -> dict:
         """Counts and times of the run."""
@@ -89,6 +93,8 @@ class DecodeRun:
         if not self.rows:
             return {}
         out = _speculative_stats(self.rows)
+        if "origin_rounds" in self.rows:
+            out["by_source"] = _origin_stats(self.rows, self.origins)
         if self.plain_steps is not None:
             out["batch_accepted_length"] = self.plain_steps / max(self.steps, 1)
         return out
@@ -107,3 +113,21 @@ def _speculative_stats(rows: dict[str, list]) -> dict:
         "acceptance_rate_per_slot": (accepted.sum(0) / total).tolist(),
         "per_row": {"rounds": rounds.tolist(), "mean_accepted_length": (emitted / np.maximum(rounds, 1)).tolist()},
     }
+
+
+def _origin_stats(rows: dict[str, list], origins: tuple[str, ...]) -> dict:
+    """Per origin of the drafts (a hybrid's "specformer" and "ngram"): its share of the rounds, the tokens its
+    rounds emitted on average, per-slot acceptance, and per request its rounds and accepted length."""
+    rounds = np.asarray(rows["origin_rounds"], np.int64)  # [requests, O]
+    emitted = np.asarray(rows["origin_emitted"], np.int64)
+    accepted = np.asarray(rows["origin_accepted"], np.int64)  # [requests, O, k]
+    total = max(int(rounds.sum()), 1)
+    out = {}
+    for o, name in enumerate(origins):
+        r, n = rounds[:, o], max(int(rounds[:, o].sum()), 1)
+        out[name] = {"rounds": int(r.sum()), "share_of_rounds": float(r.sum() / total),
+                     "mean_accepted_length": float(emitted[:, o].sum() / n),
+                     "acceptance_rate_per_slot": (accepted[:, o].sum(0) / n).tolist(),
+                     "per_row": {"rounds": r.tolist(),
+                                 "mean_accepted_length": (emitted[:, o] / np.maximum(r, 1)).tolist()}}
+    return out

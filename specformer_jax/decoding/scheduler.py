@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.decoding import runner
-from specformer_jax.decoding.chunk import run_chunk
+from specformer_jax.decoding.chunk import chunk_widths, run_chunk
 from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan
 from specformer_jax.decoding.pool import Pool, cache_len, empty_pool, insert
-from specformer_jax.decoding.runner import DecodeRun
+from specformer_jax.decoding.runner import ORIGIN_COUNTS, DecodeRun
 from specformer_jax.decoding.speculative import Verify
 from specformer_jax.parallel import decode_state_shardings, replicated
 
@@ -55,6 +55,8 @@ class _Engine:
         source = source.bind(plan, params) if plan.speculative else None  # once per call: not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
+        self.widths = chunk_widths(plan, source)
+        self.width = self.widths[-1]  # of the next chunk
         self.compile_seconds = 0.0
         self.shardings = None if mesh is None else decode_state_shardings(
             jax.eval_shape(lambda: empty_pool(plan, pool_size, max_len, source)), mesh)
@@ -74,9 +76,17 @@ class _Engine:
         args = (self.params, self.source, self.pool, *block)
         self.pool = self._compiled(insert, args, donate=(2,))(*args)
 
-    def chunk(self) -> None:
+    def chunk(self) -> tuple[np.ndarray, np.ndarray]:
+        """Run a chunk; returns each slot's done flag and token count, and sets the width of the next chunk to the
+        one its live rows need (chunk.py: `run_chunk`)."""
         args = (self.params, self.source, self.accept, self.pool)
-        self.pool = self._compiled(run_chunk, args, static=(self.rounds,), donate=(3,))(*args)
+        self.pool = self._compiled(run_chunk, args, static=(self.rounds, self.width), donate=(3,))(*args)
+        if len(self.widths) == 1:
+            return jax.device_get((self.pool.done, self.pool.num_out))
+        done, num_out, origin = jax.device_get((self.pool.done, self.pool.num_out, self.pool.origin))
+        need = np.asarray(self.source.widths(self.plan))[origin[~done]]
+        self.width = int(need.max()) if need.size else self.widths[0]
+        return done, num_out
 
 
 def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
@@ -93,7 +103,8 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
     max_len = cache_len(plan, bucket(max(map(len, ids))))
     engine = _Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
-                    plain_steps=0 if schedule == "static" else None)
+                    plain_steps=0 if schedule == "static" else None,
+                    origins=tuple(source.origins) if plan.speculative else ())
     queue = collections.deque(range(len(ids)))
     slot_req = [-1] * pool_size  # the request each slot holds
     sent = [0] * pool_size  # tokens of each slot's request already streamed
@@ -106,8 +117,7 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
             if queue and free and (schedule == "continuous" or len(free) == pool_size):
                 taken = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 _refill(engine, ids, budgets, keys, taken, free, slot_req)
-            engine.chunk()
-            done, num_out = jax.device_get((engine.pool.done, engine.pool.num_out))
+            done, num_out = engine.chunk()
             if stream:
                 t = time.perf_counter()
                 yield from _new_tokens(engine.pool, slot_req, sent, num_out)
@@ -166,8 +176,8 @@ def _collect(pool: Pool, ended: list[int], slot_req, sent, num_out, run: DecodeR
     """Copy the finished requests' tokens and counts to the host and free their slots."""
     idx = jnp.asarray(ended)
     out = np.asarray(pool.out[idx])
-    counts = jax.device_get({"row_rounds": pool.row_rounds[idx], "row_emitted": pool.row_emitted[idx],
-                             "accepted": pool.accepted[idx]})
+    names = ("row_rounds", "row_emitted", "accepted") + (ORIGIN_COUNTS if pool.origin_rounds.shape[1] > 1 else ())
+    counts = jax.device_get({name: getattr(pool, name)[idx] for name in names})
     for i, s in enumerate(ended):
         r = slot_req[s]
         run.token_ids[r] = out[i, : num_out[s]].tolist()

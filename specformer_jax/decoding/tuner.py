@@ -1,13 +1,11 @@
-"""How many drafts per round when none is asked for, and `AutoDraftLen`, the tuner behind `--draft-len auto`
-(cost_model.py holds the model it predicts with, records.py what it learns from). The draft length a call asks for is
-resolved once, in api.py (`resolve_draft_len`)."""
+"""`AutoDraftLen`, the tuner behind `--draft-len auto` (cost_model.py holds the model it predicts with, records.py
+what it learns from; drafters.py the default when none is asked for). The draft length a call asks for is resolved
+once, in api.py (`resolve_draft_len`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
-
-import jax
 
 from specformer_jax.checks import NON_NEGATIVE
 from specformer_jax.decoding import cost_model
@@ -15,21 +13,6 @@ from specformer_jax.decoding.records import DecodeRecords
 from specformer_jax.decoding.timing import measure_costs
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
-
-# Drafts per round by pool size on a CPU with its kernels (the target's packed layout), plain decoding beyond: the
-# best k of the shipped drafter measured at each pool size (benchmarks/README.md, "A round and its parts on the CPU").
-# A round's arithmetic grows with its rows there, so the rounds that pay get shorter as the pool grows.
-CPU_DRAFT_LENS = {1: 2, 2: 1}
-
-
-def default_draft_len(drafter: LoadedDrafter, batch_size: int, packed: bool) -> int:
-    """Drafts per round when none is asked for, for a pool of `batch_size` rows whose target runs in the layout
-    `packed` (TargetConfig.pack_weights: the CPU kernels): every trained slot on an accelerator; on a CPU with the
-    kernels, CPU_DRAFT_LENS (0, plain decoding, for larger pools); on a CPU without them (XLA's matmuls: a bfloat16
-    model, a mesh, no compiler), one, since each further row there costs nearly a row's reading of the weights."""
-    if jax.default_backend() != "cpu":
-        return drafter.cfg.num_slots
-    return min(drafter.cfg.num_slots, CPU_DRAFT_LENS.get(batch_size, 0) if packed else 1)
 
 
 def drafter_acceptance(drafter: LoadedDrafter) -> list[float]:

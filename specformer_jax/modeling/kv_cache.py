@@ -24,6 +24,14 @@ class KVCache:
         shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
+    def write_rows(self, new: "KVCache", slots: jax.Array, lens: jax.Array, Tp: int) -> "KVCache":
+        """The first Tp positions of a b-row cache written into rows `slots` (int32[b]; an index past the rows
+        drops that row), their lengths set to `lens`."""
+        at = (slice(None), slots, slice(None), slice(0, Tp))
+        return KVCache(self.k.at[at].set(new.k[:, :, :, :Tp], mode="drop"),
+                       self.v.at[at].set(new.v[:, :, :, :Tp], mode="drop"),
+                       self.lengths.at[slots].set(lens, mode="drop"))
+
 
 def target_cache(cfg, batch: int, max_len: int, num_layers: int | None = None) -> KVCache:
     """A zeroed cache for `cfg` (a TargetConfig) holding at least max_len positions: rounded up to the attention

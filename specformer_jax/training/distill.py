@@ -19,7 +19,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from specformer_jax.assets import EVAL_PROMPTS
+from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
@@ -46,7 +46,8 @@ def _check_not_evaluation(prompts: Sequence[Prompt]) -> None:
     for i, p in enumerate(prompts):
         if isinstance(p, str) and is_evaluation_prompt(p, evaluation):
             raise SpecformerError(
-                f"prompt {i} ({p[:60]!r}) is an evaluation prompt from {EVAL_PROMPTS.name}; "
+                f"prompt {i} ({p[:60]!r}) is a benchmark prompt (specformer_jax/assets/"
+                f"{', '.join(path.name for path in PROMPT_SETS.values())}); "
                 "evaluation prompts must not be used as training data"
             )
 

@@ -19,7 +19,7 @@ import json
 import math
 import random
 
-from specformer_jax.assets import BUILTIN_PROMPTS, EVAL_PROMPTS
+from specformer_jax.assets import BUILTIN_PROMPTS, PROMPT_SETS
 from specformer_jax.decoding.encode import read_prompts_file
 from specformer_jax.errors import SpecformerError
 
@@ -116,8 +116,9 @@ def normalise_prompt(prompt: str) -> str:
 
 @functools.cache
 def evaluation_prompts() -> frozenset[str]:
-    """Normalised text prompts of the benchmark prompts (specformer_jax/assets/eval-prompts.jsonl)."""
-    return frozenset(normalise_prompt(p) for p in read_prompts_file(EVAL_PROMPTS) if isinstance(p, str))
+    """Normalised text prompts of the benchmark prompt sets (specformer_jax/assets: chat, code, editing)."""
+    return frozenset(normalise_prompt(p) for path in PROMPT_SETS.values() for p in read_prompts_file(path)
+                     if isinstance(p, str))
 
 
 def is_evaluation_prompt(prompt: str, evaluation: frozenset[str]) -> bool:

@@ -46,7 +46,7 @@ def main(layouts):
     source = SpecformerDrafts(dcfg, drafter.params)
     pool = jax.eval_shape(lambda: empty_pool(plan, 8, 64, source))
     source_sh = SpecformerDrafts(dcfg, param_shardings(drafter.params, drafter_axes(CFG, dcfg), mesh))
-    fn = jax.jit(functools.partial(run_chunk, plan, 4), in_shardings=(
+    fn = jax.jit(functools.partial(run_chunk, plan, 4, plan.draft_len), in_shardings=(
         param_shardings(params, target_axes(CFG), mesh), source_sh, None, decode_state_shardings(pool, mesh)))
     exp = jax.export.export(fn, platforms=["tpu"])(jax.eval_shape(lambda: params), jax.eval_shape(lambda: source),
                                                    Verify(), pool)

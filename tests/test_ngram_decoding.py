@@ -1,0 +1,145 @@
+"""Decoding with n-gram drafts and the hybrid (decoding/ngram.py, hybrid.py): lossless against plain decoding of
+each prompt alone on ragged, refilled pools; stats per source that add up; the names a user gives them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import pytest
+from test_engine import BUDGETS, PROMPTS, N, plain_alone, run
+
+from specformer_jax.checkpoints.drafter_io import load_drafter
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.cli.args import parse_drafter
+from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.draft_source import SpecformerDrafts
+from specformer_jax.decoding.drafters import default_draft_len, max_draft_len
+from specformer_jax.decoding.hybrid import Hybrid, HybridDrafts
+from specformer_jax.decoding.ngram import NgramDrafts
+from specformer_jax.decoding.plan import make_plan
+from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.drafter import init_drafter
+from specformer_jax.modeling.loaded import LoadedDrafter
+
+COPY = ["Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank.",
+        "Fix the typo and return the code: def add(a, b):\n    retrun a + b\n\nprint(add(2, 3))"]
+LOOPS = [[(i % p) + 10 for i in range(n)] for p, n in ((3, 20), (5, 12), (2, 7), (7, 30))]  # prompts that repeat
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    """test_engine's model: an EOS that some answers reach mid-round."""
+    m = load_target(tiny_checkpoints["qwen2"])
+    free = plain_alone(m, PROMPTS[0], N)
+    return dataclasses.replace(m, eos_ids=(next(t for t in free[3:] if t not in free[:3]),))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return [plain_alone(model, p, b) for p, b in zip(PROMPTS, BUDGETS)]
+
+
+def specformer(model, slots=3) -> LoadedDrafter:
+    cfg = DrafterConfig(num_slots=slots)
+    return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(3)), {})
+
+
+def sources(model):
+    d = specformer(model)
+    return {"ngram": NgramDrafts(), "ngram:2-3": NgramDrafts(max_n=3, min_n=2),
+            "hybrid": HybridDrafts(SpecformerDrafts(d.cfg, d.params), NgramDrafts(), min_match=1, model_len=2)}
+
+
+# CI time: two of the six cases (the rest run with -m slow)
+@pytest.mark.parametrize("name, k", [("ngram", 2), ("hybrid", 6)] + [pytest.param(n, k, marks=pytest.mark.slow) for
+                                                                     n, k in (("ngram", 6), ("ngram:2-3", 2),
+                                                                              ("ngram:2-3", 6), ("hybrid", 2))])
+def test_ngram_and_hybrid_drafts_are_lossless_on_a_refilled_pool(model, reference, name, k):
+    """11 ragged requests (EOS and budgets inside rounds) through a pool of 3, refilled as rows finish. With k = 6
+    the hybrid drafts past the drafter's 3 trained slots."""
+    plan = make_plan(model, k, SamplingConfig(), N)
+    assert run(plan, model, sources(model)[name], pool=3, rounds=4)[0] == reference
+
+
+def test_the_hybrid_counts_rounds_and_tokens_per_source(model, reference):
+    plan = make_plan(model, 4, SamplingConfig(), N)
+    _, result = run(plan, model, sources(model)["hybrid"], pool=3, rounds=4)
+    stats = result.speculative_stats()
+    by = stats["by_source"]
+    assert set(by) == {"specformer", "ngram"} and all(by[s]["rounds"] > 0 for s in by)
+    assert by["specformer"]["rounds"] + by["ngram"]["rounds"] == stats["rounds"]
+    assert sum(by[s]["share_of_rounds"] for s in by) == pytest.approx(1.0)
+    emitted = sum(by[s]["mean_accepted_length"] * by[s]["rounds"] for s in by)
+    assert emitted == pytest.approx(stats["mean_accepted_length"] * stats["rounds"])
+    per_row = [sum(by[s]["per_row"]["rounds"][r] for s in by) for r in range(len(PROMPTS))]
+    assert per_row == stats["per_row"]["rounds"]
+    for s in by:  # slot i accepted at most as often as slot i - 1, in every source's rounds
+        rates = by[s]["acceptance_rate_per_slot"]
+        assert all(a >= b for a, b in zip(rates, rates[1:])) and len(rates) == 4
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_target("default")
+
+
+def test_copied_text_is_drafted_and_accepted(smollm2):
+    """A model that copies (the default, asked to repeat a text) accepts long n-gram drafts: the history holds the
+    right tokens at the right positions (a random model's answers never repeat, so its tests cannot show it).
+    Greedy output equals plain decoding's, for the lookup alone and the hybrid."""
+    plain = generate(smollm2, COPY, max_new_tokens=40, batch_size=2)
+    res = generate(smollm2, COPY, max_new_tokens=40, batch_size=2, drafter="ngram", draft_len=6)
+    assert res.token_ids == plain.token_ids
+    assert res.stats["mean_accepted_length"] > 3 and set(res.stats["by_source"]) == {"ngram", "no_match"}
+    hybrid = generate(smollm2, COPY, max_new_tokens=40, batch_size=2, drafter=Hybrid(load_drafter("default", smollm2)),
+                      draft_len=6)
+    assert hybrid.token_ids == plain.token_ids
+    assert hybrid.stats["by_source"]["ngram"]["mean_accepted_length"] > 3
+
+
+def test_default_and_largest_draft_lengths(model):
+    d = specformer(model, slots=4)
+    cpu = jax.default_backend() == "cpu"
+    assert max_draft_len(d) == 4 and max_draft_len(NgramDrafts()) == max_draft_len(Hybrid(d)) == 16
+    assert [default_draft_len(NgramDrafts(), b, True) for b in (1, 2, 8)] == ([7, 2, 0] if cpu else [4, 4, 4])
+    assert [default_draft_len(Hybrid(d), b, True) for b in (1, 2, 8)] == ([7, 4, 0] if cpu else [4, 4, 4])
+    with pytest.raises(SpecformerError, match="0..16"):
+        generate(model, LOOPS, drafter="ngram", draft_len=17)
+    with pytest.raises(SpecformerError, match="auto needs a SpecFormer drafter alone"):
+        generate(model, LOOPS, drafter="ngram", draft_len="auto")
+
+
+def test_names_are_parsed_or_refused(model, tmp_path):
+    assert parse_drafter("ngram", model) == NgramDrafts()
+    assert parse_drafter("ngram:2-6", model) == NgramDrafts(max_n=6, min_n=2)
+    for bad, message in (("+ngram", "DRAFTER\\+ngram"), ("ngram:3", "ngram:MIN-MAX"),
+                         (f"{tmp_path}/none+ngram", "does not exist")):
+        with pytest.raises(SpecformerError, match=message):
+            parse_drafter(bad, model)
+    with pytest.raises(SpecformerError, match="min_match"):
+        Hybrid(specformer(model), NgramDrafts(max_n=2), min_match=3)
+
+
+def test_the_cli_decodes_a_users_model_with_ngram_drafts(tiny_checkpoints, tmp_path, capsys, cli_error):
+    """`specformer generate --model HF_DIR --drafter ngram`: no drafter trained for the model, same tokens."""
+    from specformer_jax.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in LOOPS))
+    outs = []
+    for drafter in ("none", "ngram"):
+        argv = ["generate", "--model", str(tiny_checkpoints["qwen2"]), "--prompts-file", str(prompts), "--no-chat",
+                "--json", "--max-new-tokens", "12", "--batch-size", "1", "--drafter", drafter]
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        outs.append(json.loads(captured.out))
+    assert [r["token_ids"] for r in outs[0]["results"]] == [r["token_ids"] for r in outs[1]["results"]]
+    assert outs[1]["stats"]["drafter"] == "ngram" and outs[1]["stats"]["draft_len"] > 0  # drafts by default
+    assert "mean accepted length" in captured.err
+    line = cli_error(["generate", "--model", str(tiny_checkpoints["qwen2"]), "--prompt", "hi", "--drafter",
+                      "ngram:4-2"])
+    assert "min_n" in line
