@@ -40,18 +40,23 @@ def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool) 
         return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
 
 
+def origin_widths(plan: DecodePlan, source) -> tuple[int, ...]:
+    """Per origin of drafts, how many drafts a round verifies for its rows (draft_source.py, `widths`)."""
+    return source.widths(plan) if plan.speculative else (0,)
+
+
 def chunk_widths(plan: DecodePlan, source) -> tuple[int, ...]:
-    """The widths a chunk may verify at: per origin of drafts (draft_source.py, `widths`) on a CPU, where a chunk
-    can end when its rows need another (`run_chunk`); elsewhere the widest, every round."""
-    widths = source.widths(plan) if plan.speculative else (0,)
+    """The widths a chunk may verify at: per origin of drafts on a CPU, where a chunk can end when its rows need
+    another (`run_chunk`); elsewhere the widest, every round."""
+    widths = origin_widths(plan, source)
     return tuple(sorted(set(widths))) if plan.stop_early else (max(widths),)
 
 
-def needed_width(plan: DecodePlan, source, s: Pool) -> jax.Array:
-    """The widest of the live rows' needs (their drafts' origins' widths): the width the next round should verify
-    at (int32[]; the narrowest when no row is live)."""
-    widths = source.widths(plan) if plan.speculative else (0,)
-    return jnp.max(jnp.where(s.done, min(widths), jnp.asarray(widths, jnp.int32)[s.origin]))
+def needed_width(plan: DecodePlan, source, done, origin) -> jax.Array:
+    """The widest of the live rows' needs (their drafts' origins' widths; done, origin: the pool's): the width the
+    next round should verify at (int32[]; the narrowest when no row is live). The chunk and the host both ask it."""
+    widths = origin_widths(plan, source)
+    return jnp.max(jnp.where(done, min(widths), jnp.asarray(widths, jnp.int32)[origin]))
 
 
 def target_pass(plan: DecodePlan, params, source, tokens: jax.Array, cache):
@@ -117,8 +122,8 @@ def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept,
     if not plan.stop_early:
         s = jax.lax.fori_loop(0, rounds, lambda _, s: step(s), pool)
         return s.replace(rounds_run=s.rounds_run + rounds)
-    same = (lambda s: needed_width(plan, source, s) == width) if len(chunk_widths(plan, source)) > 1 else (
-        lambda s: True)
+    switches = len(chunk_widths(plan, source)) > 1
+    same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
     go_on = lambda c: (c[0] < rounds) & ~jnp.any(c[1].done & ~pool.done) & ((c[0] == 0) | same(c[1]))
     n, s = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), pool))
     return s.replace(rounds_run=s.rounds_run + n)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.decoding import runner
-from specformer_jax.decoding.chunk import chunk_widths, run_chunk
+from specformer_jax.decoding.chunk import chunk_widths, needed_width, run_chunk
 from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan
 from specformer_jax.decoding.pool import Pool, cache_len, empty_pool, insert
 from specformer_jax.decoding.runner import ORIGIN_COUNTS, DecodeRun
@@ -84,8 +84,7 @@ class _Engine:
         if len(self.widths) == 1:
             return jax.device_get((self.pool.done, self.pool.num_out))
         done, num_out, origin = jax.device_get((self.pool.done, self.pool.num_out, self.pool.origin))
-        need = np.asarray(self.source.widths(self.plan))[origin[~done]]
-        self.width = int(need.max()) if need.size else self.widths[0]
+        self.width = int(needed_width(self.plan, self.source, done, origin))
         return done, num_out
 
 
