@@ -86,8 +86,8 @@ def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch,
     assert res.stats["draft_len"] == auto["draft_len"] and 0 <= auto["draft_len"] <= 3
     assert set(auto["round_seconds"]) == {"1", "2", "3"} and auto["step_seconds"] > 0
     assert auto["acceptance_source"] == "teacher_forced" and auto["acceptance"] == [0.9, 0.8, 0.7]
-    assert auto["predicted_speedup"]["1"] == pytest.approx(1.9 * auto["step_seconds"] / auto["round_seconds"]["1"],
-                                                           rel=1e-3)
+    expected = 1.9 * auto["step_seconds"] / auto["round_seconds"]["1"]  # stats keep 3 decimals of each figure
+    assert auto["predicted_speedup"]["1"] == pytest.approx(expected, rel=2e-3, abs=6e-4)
     assert len(json.loads((tmp_path / "records.json").read_text())["step_costs"]) == 1
     # a chunk for each of the k = 0..3 engines timed (timing.py), plus plain decoding above and the chosen k
     assert runner.COMPILED.count(run_chunk) == 1 + 4 + (auto["draft_len"] > 0)
