@@ -16,7 +16,7 @@ from specformer_jax.cli.args import parse_drafter
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.drafters import default_draft_len, max_draft_len
+from specformer_jax.decoding.drafters import default_draft_len, draft_source, max_draft_len
 from specformer_jax.decoding.hybrid import Hybrid, HybridDrafts
 from specformer_jax.decoding.ngram import NgramDrafts
 from specformer_jax.decoding.plan import make_plan
@@ -107,6 +107,13 @@ def test_default_and_largest_draft_lengths(model):
     assert max_draft_len(d) == 4 and max_draft_len(NgramDrafts()) == max_draft_len(Hybrid(d)) == 16
     assert [default_draft_len(NgramDrafts(), b, True) for b in (1, 2, 8)] == ([7, 2, 0] if cpu else [4, 4, 4])
     assert [default_draft_len(Hybrid(d), b, True) for b in (1, 2, 8)] == ([7, 4, 0] if cpu else [4, 4, 4])
+    packed, unpacked = (dataclasses.replace(model.cfg, pack_weights=p) for p in (True, False))
+    # a hybrid's rounds with no n-gram row verify 3 SpecFormer drafts at batch 1 with the CPU kernels, else as many
+    # as the drafter alone (at least one), never more than its slots; off a CPU every round verifies all k
+    widths = lambda d, b, cfg: draft_source(Hybrid(d), None, cfg, b).widths(make_plan(model, 7, SamplingConfig(), N))
+    assert [widths(d, b, packed) for b in (1, 2, 8)] == ([(3, 7), (1, 7), (1, 7)] if cpu else [(4, 7)] * 3)
+    assert widths(specformer(model, slots=2), 1, packed) == (2, 7)
+    assert widths(d, 1, unpacked) == ((1, 7) if cpu else (4, 7))
     with pytest.raises(SpecformerError, match="0..16"):
         generate(model, LOOPS, drafter="ngram", draft_len=17)
     with pytest.raises(SpecformerError, match="auto needs a SpecFormer drafter alone"):

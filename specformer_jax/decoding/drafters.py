@@ -23,6 +23,10 @@ Drafter = LoadedDrafter | NgramDrafts | Hybrid
 # get shorter as the pool grows.
 CPU_DRAFT_LENS = {LoadedDrafter: {1: 2, 2: 1}, NgramDrafts: {1: 7, 2: 2}, Hybrid: {1: 7, 2: 4}}
 ACCELERATOR_NGRAM_DRAFTS = 4  # n-gram drafts per round by default on a GPU or TPU
+# On a CPU a hybrid's rounds with no n-gram row verify only the SpecFormer drafts (chunk.run_chunk). Its drafter drafts
+# all its slots anyway, and at batch 1 up to 3 drafts cost no more than one, so there they verify 3; elsewhere as
+# many as the drafter alone would (benchmarks/README.md, "N-gram drafts and the hybrid").
+HYBRID_CPU_MODEL_DRAFTS = {1: 3}
 
 
 def checked_drafter(drafter, target_cfg) -> Drafter:
@@ -55,8 +59,7 @@ def default_draft_len(drafter: Drafter, batch_size: int, packed: bool) -> int:
 
 def draft_source(drafter: Drafter, mesh: Mesh | None, target_cfg, batch_size: int):
     """The source the engine drafts with for a pool of `batch_size` rows (a SpecFormer drafter's parameters sharded
-    over `mesh` by their logical axes). A hybrid's rounds without n-gram drafts verify as many drafts as its
-    SpecFormer drafter does alone by default (at least one)."""
+    over `mesh` by their logical axes)."""
     if isinstance(drafter, NgramDrafts):
         return drafter
     loaded = drafter.drafter if isinstance(drafter, Hybrid) else drafter
@@ -66,8 +69,15 @@ def draft_source(drafter: Drafter, mesh: Mesh | None, target_cfg, batch_size: in
     model = SpecformerDrafts(loaded.cfg, params)
     if not isinstance(drafter, Hybrid):
         return model
-    model_len = max(1, default_draft_len(loaded, batch_size, target_cfg.pack_weights))
-    return HybridDrafts(model, drafter.ngram, drafter.min_match, model_len)
+    return HybridDrafts(model, drafter.ngram, drafter.min_match, hybrid_model_len(loaded, batch_size, target_cfg))
+
+
+def hybrid_model_len(loaded: LoadedDrafter, batch_size: int, target_cfg) -> int:
+    """Drafts a hybrid's round verifies when no live row has n-gram drafts (at least one)."""
+    alone = max(1, default_draft_len(loaded, batch_size, target_cfg.pack_weights))
+    if jax.default_backend() != "cpu" or not target_cfg.pack_weights:
+        return alone
+    return min(loaded.cfg.num_slots, HYBRID_CPU_MODEL_DRAFTS.get(batch_size, alone))
 
 
 def specformer_only(drafter, what: str) -> LoadedDrafter:
