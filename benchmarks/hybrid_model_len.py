@@ -44,6 +44,7 @@ def main() -> None:
 
     def run(name):
         kw, m = sides[name]
+        # the engine reads the table when it builds the draft source (drafters.hybrid_model_len), so a side sets it
         drafters.HYBRID_CPU_MODEL_DRAFTS = shipped if m is None else {1: m}
         return generate(model, prompts, batch_size=1, max_new_tokens=args.max_new_tokens, **kw)
 

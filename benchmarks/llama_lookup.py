@@ -4,9 +4,10 @@
 Each prompt is one `llama-lookup` call per side: `--spec-draft-n-max 0` (its loop with no drafts: llama.cpp's
 plain decoding, the baseline of its ratio) and `--spec-draft-n-max K` for each K of `--draft-max`. A side's tokens/s
 is its decoded tokens over its decoding seconds (llama-lookup's own timer: the prompt's prefill left out), summed over
-the prompts; its speedup is the median over repeats of that against the plain side of the same repeat (sides in
-alternating order each repeat). Accepted length = tokens / rounds, a round being each target pass after the prompt
-(n_predict - n_accept of them). Build llama-lookup from the `llama-cpp-python` sdist (benchmarks/README.md):
+the prompts, each prompt counting no more tokens than plain decoding gave it (`side_totals`); its speedup is the
+median over repeats of that against the plain side of the same repeat (sides in alternating order each repeat).
+Accepted length = tokens decoded / rounds, a round being each target pass after the prompt (n_predict - n_accept of
+them). Build llama-lookup from the `llama-cpp-python` sdist (benchmarks/README.md):
 
     .venv/bin/python benchmarks/llama_lookup.py --llama-lookup <build>/bin/llama-lookup --prompts editing \\
         --out benchmarks/results/llama_lookup_editing_cpu.json
@@ -62,12 +63,16 @@ def version(exe: str) -> str:
     return next((line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("version")), "unknown")
 
 
-def side_totals(runs: list[dict]) -> dict:
-    tokens, seconds = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
-    rounds = sum(r["tokens"] - r["accepted"] for r in runs)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "mean_accepted_length": tokens / rounds, "drafted": sum(r["drafted"] for r in runs),
-            "accepted": sum(r["accepted"] for r in runs)}
+def side_totals(runs: list[dict], plain: list[dict]) -> dict:
+    """One side's calls over the prompts, against the plain calls of the same repeat. llama-lookup checks its token
+    budget only after a round's accepted drafts, so it can decode a few tokens past it: each prompt counts no more
+    tokens than plain decoding gave it (its seconds unchanged), and its output must start with plain's."""
+    counted = sum(min(r["tokens"], p["tokens"]) for r, p in zip(runs, plain))
+    seconds, decoded = sum(r["seconds"] for r in runs), sum(r["tokens"] for r in runs)
+    return {"tokens": counted, "tokens_decoded": decoded, "seconds": seconds, "tokens_per_second": counted / seconds,
+            "mean_accepted_length": decoded / sum(r["tokens"] - r["accepted"] for r in runs),
+            "drafted": sum(r["drafted"] for r in runs), "accepted": sum(r["accepted"] for r in runs),
+            "same_output_as_plain": sum(r["text"].startswith(p["text"].rstrip()) for r, p in zip(runs, plain))}
 
 
 def main() -> None:
@@ -76,7 +81,8 @@ def main() -> None:
     ap.add_argument("--prompts", default="editing", help="a prompt set (chat, code, editing) or a JSONL file")
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--draft-max", default="3,7", help="comma-separated draft lengths (3: llama.cpp's default)")
+    ap.add_argument("--draft-max", default="3,7",
+                    help="comma-separated draft lengths (3: llama-lookup's default, says its --help)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -93,18 +99,16 @@ def main() -> None:
     for i in range(args.repeats):
         for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
             runs[name].append([lookup_run(args.llama_lookup, gguf, t, args.max_new_tokens, sides[name]) for t in texts])
-            print(f"llama_lookup: repeat {i + 1}, {name}: {side_totals(runs[name][-1])['tokens_per_second']:.1f} tok/s",
-                  file=sys.stderr)
+            print(f"llama_lookup: repeat {i + 1}, {name}: {len(runs[name][-1])} prompts", file=sys.stderr)
     ours = [len(tok.encode(t, add_special_tokens=False)) for t in texts]
     rows = {}
     for name in sides:
-        per = [side_totals(r) for r in runs[name]]
+        per = [side_totals(r, p) for r, p in zip(runs[name], runs["plain"])]
+        base = [side_totals(p, p) for p in runs["plain"]]
         rows[name] = {"tokens_per_second": statistics.median(p["tokens_per_second"] for p in per),
                       "speedup": statistics.median(p["tokens_per_second"] / q["tokens_per_second"]
-                                                   for p, q in zip(per, map(side_totals, runs["plain"]))),
-                      "mean_accepted_length": per[-1]["mean_accepted_length"], "repeats": per,
-                      "same_text_as_plain": sum(a["text"] == b["text"]
-                                                for a, b in zip(runs[name][-1], runs["plain"][-1]))}
+                                                   for p, q in zip(per, base)),
+                      "mean_accepted_length": per[-1]["mean_accepted_length"], "repeats": per}
     doc = {"command": " ".join(["benchmarks/llama_lookup.py", *sys.argv[1:]]), "cpu_count": os.cpu_count(),
            "platform": platform.platform(), "python": platform.python_version(), "model": str(gguf),
            "llama_lookup": args.llama_lookup, "llama_cpp_version": version(args.llama_lookup),

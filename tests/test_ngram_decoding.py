@@ -109,7 +109,8 @@ def test_default_and_largest_draft_lengths(model):
     assert [default_draft_len(Hybrid(d), b, True) for b in (1, 2, 8)] == ([7, 4, 0] if cpu else [4, 4, 4])
     packed, unpacked = (dataclasses.replace(model.cfg, pack_weights=p) for p in (True, False))
     # a hybrid's rounds with no n-gram row verify 3 SpecFormer drafts at batch 1 with the CPU kernels, else as many
-    # as the drafter alone (at least one), never more than its slots; off a CPU every round verifies all k
+    # as the drafter alone (at least one), never more than its slots; off a CPU the widths are (slots, k) but unused:
+    # every chunk there verifies all k
     widths = lambda d, b, cfg: draft_source(Hybrid(d), None, cfg, b).widths(make_plan(model, 7, SamplingConfig(), N))
     assert [widths(d, b, packed) for b in (1, 2, 8)] == ([(3, 7), (1, 7), (1, 7)] if cpu else [(4, 7)] * 3)
     assert widths(specformer(model, slots=2), 1, packed) == (2, 7)

@@ -73,11 +73,12 @@ def draft_source(drafter: Drafter, mesh: Mesh | None, target_cfg, batch_size: in
 
 
 def hybrid_model_len(loaded: LoadedDrafter, batch_size: int, target_cfg) -> int:
-    """Drafts a hybrid's round verifies when no live row has n-gram drafts (at least one)."""
+    """Drafts a hybrid's round verifies when no live row has n-gram drafts (at least one). Only a CPU narrows rounds
+    (chunk.chunk_widths); elsewhere every round verifies all k."""
     alone = max(1, default_draft_len(loaded, batch_size, target_cfg.pack_weights))
     if jax.default_backend() != "cpu" or not target_cfg.pack_weights:
         return alone
-    return min(loaded.cfg.num_slots, HYBRID_CPU_MODEL_DRAFTS.get(batch_size, alone))
+    return min(loaded.cfg.num_slots, HYBRID_CPU_MODEL_DRAFTS.get(batch_size, alone))  # alone is within the slots
 
 
 def specformer_only(drafter, what: str) -> LoadedDrafter:
