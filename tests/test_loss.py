@@ -60,6 +60,73 @@ def test_chunked_loss_and_gradient_equal_dense(chunk):
     assert float(jnp.abs(g_dense[2]).max()) == 0.0  # the unsupervised row gets no gradient
 
 
+def reached_reference(logits, labels, weights, vocab=None) -> np.ndarray:
+    """Plain Python: per slot, the sum over positions of its weight times its label's CE over the draft vocabulary
+    (0 for a label outside it) times the product of the drafter's probabilities of the earlier slots' labels."""
+    logits, labels, weights = (np.asarray(x, np.float64) for x in (logits, labels, weights))
+    B, T, K, V = logits.shape
+    ids = list(range(V)) if vocab is None else [int(v) for v in vocab]
+    out = np.zeros(K)
+    for b in range(B):
+        for t in range(T):
+            reach = 1.0
+            for i in range(K):
+                z = logits[b, t, i, ids]
+                p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+                label = int(labels[b, t, i])
+                prob = p[ids.index(label)] if label in ids else 0.0
+                out[i] += weights[b, t, i] * reach * (-np.log(prob) if prob > 0 else 0.0)
+                reach *= prob
+    return out
+
+
+@pytest.mark.parametrize("vocab", [None, "draft vocabulary"])
+def test_reach_weighted_loss_equals_a_direct_computation(vocab):
+    """slot_loss_reach: each slot's loss weighted by the drafter's probability of the earlier slots' labels, against
+    a loop over positions and slots; no gradient flows through the weights; later slots weigh less than in the mean."""
+    B, T, K = 2, 14, 3
+    rng = np.random.default_rng(5)
+    tokens = jnp.asarray(rng.integers(0, TARGET.vocab_size, (B, T)), jnp.int32)
+    mask = np.zeros((B, T), np.int32)
+    mask[0, 3:] = mask[1, 8:12] = 1
+    labels, weights = slot_targets(tokens, jnp.asarray(mask), K)
+    target_params = init_target(TARGET, jax.random.key(1))
+    states = jax.random.normal(jax.random.key(2), (B, T, K, TARGET.hidden_size))
+    ids = None if vocab is None else jnp.asarray(np.sort(rng.choice(TARGET.vocab_size, 30, replace=False)), jnp.int32)
+    sums = lambda s: chunked_slot_ce(TARGET, target_params, s, labels, weights, 7, vocab=ids, reach=True)
+    got = jax.jit(sums)(states)
+    logits = Target(TARGET).apply({"params": target_params}, states, method=Target.head)
+    want = reached_reference(logits, labels, weights, None if ids is None else np.asarray(ids))
+    np.testing.assert_allclose(got["reached_ce_sum"], want, rtol=1e-4, atol=1e-5)
+    assert np.all(np.asarray(got["reached_ce_sum"])[1:] < np.asarray(got["ce_sum"])[1:])  # weights below 1 bite
+    np.testing.assert_allclose(got["reached_ce_sum"][0], got["ce_sum"][0], rtol=1e-6)  # slot 0 is always reached
+
+    # the gradient is the weighted CE's with the weights held fixed
+    frozen = jax.lax.stop_gradient(reach_weights_dense(logits, labels, ids))
+    def weighted(s):
+        out = sums(s)
+        return jnp.sum(out["reached_ce_sum"])
+    def by_hand(s):
+        lg = Target(TARGET).apply({"params": target_params}, s, method=Target.head)
+        lg = lg if ids is None else lg[..., ids]
+        at = labels if ids is None else jnp.maximum(jnp.searchsorted(ids, labels), 0)
+        inside = jnp.ones(labels.shape, bool) if ids is None else ids[jnp.clip(at, 0, ids.shape[0] - 1)] == labels
+        ce = jax.nn.logsumexp(lg, -1) - jnp.take_along_axis(lg, at[..., None], -1)[..., 0]
+        return jnp.sum(weights * frozen * jnp.where(inside, ce, 0.0))
+    np.testing.assert_allclose(jax.jit(jax.grad(weighted))(states), jax.jit(jax.grad(by_hand))(states), rtol=1e-4,
+                               atol=1e-6)
+
+
+def reach_weights_dense(logits, labels, ids):
+    """The reach weights [B, T, K] from full logits, by a cumulative product (the test's second route to them)."""
+    lg = logits if ids is None else logits[..., ids]
+    p = jax.nn.softmax(lg, -1)
+    at = labels if ids is None else jnp.clip(jnp.searchsorted(ids, labels), 0, ids.shape[0] - 1)
+    prob = jnp.take_along_axis(p, at[..., None], -1)[..., 0]
+    prob = prob if ids is None else jnp.where(ids[at] == labels, prob, 0.0)
+    return jnp.cumprod(jnp.concatenate([jnp.ones_like(prob[..., :1]), prob[..., :-1]], -1), -1)
+
+
 def dense_kl(target_params, states, teacher, weights):
     head = lambda h, method: Target(TARGET).apply({"params": target_params}, h, method=method)
     logq = jax.nn.log_softmax(head(states, Target.head), axis=-1)

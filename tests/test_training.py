@@ -54,6 +54,7 @@ def metrics(out, split="train"):
 
 @pytest.mark.parametrize("objective, extra", [
     pytest.param("ce", {}, id="ce"), pytest.param("kl", {}, id="kl"),
+    pytest.param("ce", {"slot_loss_reach": True}, id="ce-reach"),
     pytest.param("ce", {"context_token_input": True}, marks=pytest.mark.slow, id="ce-context")])
 def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, objective, extra):
     trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective,
@@ -67,7 +68,7 @@ def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, 
     ev = metrics(tmp_path, "eval")[-1]
     assert len(ev["accuracy_per_slot"]) == 3 and ev["expected_accepted_length"] >= 1.0
     assert (tmp_path / "drafter" / "params.safetensors").is_file()
-    if extra:  # the exported drafter keeps the input and loads with it
+    if "context_token_input" in extra:  # the exported drafter keeps the input and loads with it
         loaded = load_drafter(tmp_path / "drafter", load_target(tiny_checkpoints["llama3"]))
         assert loaded.cfg.context_token_input and loaded.params.weights["fuse"]["kernel"].shape[0] == 5 * 64
 
@@ -183,13 +184,15 @@ def test_train_config_errors(tmp_path):
     with pytest.raises(SpecformerError, match="intermediate_size must be a positive integer"):
         load_train_config(good, ["intermediate_size=0"])
     assert load_train_config(good, ["intermediate_size=96"]).drafter.intermediate_size == 96
+    assert load_train_config(good, ["slot_loss_reach=true"]).slot_loss_reach is True
     for setting, message in [("lr=.nan", "lr must be a positive finite number"), ("lr=-1", "lr must be"),
                              ("adam_eps=0", "adam_eps must be"), ("grad_clip=-1", "grad_clip must be"),
                              ("warmup_frac=5", r"warmup_frac must be a finite number in \[0, 1\]"),
                              ("min_lr=2", "min_lr must be"), ("weight_decay=.inf", "weight_decay must be"),
                              ("chunk_positions=0", "chunk_positions must be a positive integer"),
                              ("lr=[", "not valid YAML"),
-                             ("hooks=[a,b]", "hooks must be a list of integers")]:
+                             ("hooks=[a,b]", "hooks must be a list of integers"),
+                             ("slot_loss_reach=maybe", "slot_loss_reach must be true or false")]:
         with pytest.raises(SpecformerError, match=message):
             load_train_config(good, [setting])
 

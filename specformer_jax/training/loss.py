@@ -63,7 +63,7 @@ def slot_states(target_cfg, drafter_cfg, drafter_params: DrafterParams, hidden, 
 
 
 def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
-                    per_position: bool = False, vocab=None):
+                    per_position: bool = False, vocab=None, reach: bool = False):
     """Sums over slots of the weighted loss, correct top-1 and the leading-accepted count, per slot.
 
     states [B, T, K, d], labels/weights [B, T, K]. `teacher` [B, T, K, d]: the target's final-normed states whose
@@ -76,6 +76,9 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
     that adds zero to the loss (CE) while still counting in `count`, the loss's denominator. Under KL the slots
     learn the target's probabilities of those V' tokens: sum over V' of p (log p - log q), which the mass outside V'
     can make negative.
+
+    reach: also "reached_ce_sum" [K], each position's slot loss weighted by the chance that the slots before it are
+    accepted (`reach_weights`).
     """
     B, T, K, d = states.shape
     N = B * T
@@ -110,7 +113,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         # accepted = leading run of correct slots, counted where the whole window is supervised
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
         full = jnp.all(supervised, axis=-1)
-        return {
+        reached = {"reached_ce_sum": jnp.sum(w * reach_weights(logits, lab, index) * ce, axis=0)} if reach else {}
+        return reached | {
             "ce_sum": jnp.sum(w * ce, axis=0),
             "correct": jnp.sum(hit, axis=0).astype(jnp.float32),
             "count": jnp.sum(w, axis=0),
@@ -121,6 +125,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
 
     zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
             "accepted_at_least": jnp.zeros(K), "positions": jnp.zeros(())}
+    if reach:
+        zero["reached_ce_sum"] = jnp.zeros(K)
     no_lead = jnp.zeros((chunk_positions,), jnp.int32)
     sums, leads = jax.lax.scan(one, zero, xs)
     if per_position:
@@ -143,6 +149,20 @@ def _slot_loss(logits, labels, teacher_logits, vocab, index):
         ce = jnp.sum(jnp.exp(logp) * (logp - (logits - lse[..., None])), axis=-1)
     best = jnp.argmax(logits, axis=-1)
     return ce, best if vocab is None else vocab[best]
+
+
+def reach_weights(logits, labels, index=None) -> jax.Array:
+    """[C, K]: at each position, the product over the slots before slot i of the drafter's probability of that slot's
+    label (the target's token): the chance that a draft sampled from the slots reaches slot i with every earlier draft
+    accepted. Weighting slot i's loss by it aims the loss at the expected accepted length (a chain objective, as in
+    arXiv 2606.11552) instead of every slot alike. A constant of the loss (no gradient through the weights). logits:
+    the slots' [C, K, V'] over the draft vocabulary, whose token -> logit map is `index` (-1 outside: probability 0)."""
+    logits = jax.lax.stop_gradient(logits)
+    at = labels if index is None else jnp.maximum(index[labels], 0)
+    logq = jnp.take_along_axis(logits, at[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+    logq = logq if index is None else jnp.where(index[labels] >= 0, logq, -jnp.inf)
+    before = jnp.cumsum(jnp.pad(logq[:, :-1], ((0, 0), (1, 0))), axis=-1)
+    return jnp.exp(before)
 
 
 def replay_rounds(lead: jax.Array, label_mask: jax.Array):
@@ -182,11 +202,12 @@ def slot_weights(num_slots: int, decay: float) -> jax.Array:
 
 def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
                  drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False,
-                 slot_decay: float = 0.0, draft_len: int | None = None):
+                 slot_decay: float = 0.0, draft_len: int | None = None, reach: bool = False):
     """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean), over the
     drafter's draft vocabulary when it has one. Returns (loss, sums for metrics). replay: also the sums of
     `replay_rounds` (for evaluation: it is sequential). draft_len: score only the first k slots, as decoding with k
-    drafts uses them (default: all K)."""
+    drafts uses them (default: all K). reach: each position's slot loss weighted by `reach_weights` (the metrics'
+    per-slot losses stay unweighted)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
@@ -201,10 +222,10 @@ def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mas
     labels, weights = slot_targets(tokens, label_mask, k)
     teacher = hidden[final][:, slot_teacher_index(T, k)] if objective == "kl" else None
     sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay,
-                           drafter_params.vocab)
+                           drafter_params.vocab, reach)
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
-    per_slot = sums["ce_sum"] / jnp.maximum(sums["count"], 1.0)
+    per_slot = (sums.pop("reached_ce_sum") if reach else sums["ce_sum"]) / jnp.maximum(sums["count"], 1.0)
     return jnp.sum(slot_weights(k, slot_decay) * per_slot), sums
 
 

@@ -49,6 +49,7 @@ class TrainConfig:
     batch_size: int = 8  # sequences per step (global, across all hosts)
     objective: str = "ce"  # per-slot loss: ce (the target's tokens, as the paper) | kl (the target's distributions)
     slot_loss_decay: float = 0.0  # slot i's loss weighs exp(-decay * i), normalised (0: the slots' mean, as the paper)
+    slot_loss_reach: bool = False  # also weigh it by the drafter's chance of drafting slots 0..i-1 right (loss.py)
     # optimisation (defaults: the paper's released recipe: AdamW, eps 1e-2, 5% warm-up, cosine to 1e-5)
     steps: int = 1000
     lr: float = 5e-4

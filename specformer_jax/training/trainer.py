@@ -86,7 +86,7 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh, vocab: np.ndarr
     run's draft vocabulary (numpy: a constant of both steps), or None."""
     drafter_loss_fn = jax.tree_util.Partial(drafter_loss, target_cfg=target.cfg, drafter_cfg=cfg.drafter,
                                             chunk_positions=cfg.chunk_positions, objective=cfg.objective,
-                                            slot_decay=cfg.slot_loss_decay)
+                                            slot_decay=cfg.slot_loss_decay, reach=cfg.slot_loss_reach)
     loss_fn = lambda weights, *args, **kw: drafter_loss_fn(DrafterParams(weights, vocab), *args, **kw)
 
     def train_step(state: TrainState, target_params, batch):
