@@ -211,7 +211,8 @@ def test_replayed_rounds_start_where_the_last_one_stopped():
 
 
 def test_slot_decay_weighs_each_slots_loss():
-    """The loss is the slots' losses weighted exp(-decay * i), normalised; decay 0 is their mean (the paper's)."""
+    """The loss is the slots' losses weighted exp(-decay * i), normalised; decay 0 is their mean (the paper's); with
+    reach, later slots weigh less again, and the metrics' sums stay the unweighted ones."""
     from specformer_jax.config import DrafterConfig
     from specformer_jax.modeling.drafter import init_drafter
     from specformer_jax.training.loss import drafter_loss
@@ -231,3 +232,8 @@ def test_slot_decay_weighs_each_slots_loss():
     np.testing.assert_allclose(float(losses[0.0]), per_slot.mean(), rtol=1e-6)
     np.testing.assert_allclose(float(losses[0.7]), (w * per_slot).sum() / w.sum(), rtol=1e-6)
     assert len(set(np.round(per_slot, 4))) == 3  # the slots' losses differ, so the weights matter
+    reached, reached_sums = drafter_loss(dparams, params, tokens, jnp.ones_like(tokens), target_cfg=cfg,
+                                         drafter_cfg=dcfg, slot_decay=0.7, reach=True)
+    assert "reached_ce_sum" not in reached_sums  # the metrics stay unweighted
+    np.testing.assert_allclose(reached_sums["ce_sum"], sums["ce_sum"], rtol=1e-6)
+    assert w[0] * per_slot[0] / w.sum() < float(reached) < float(losses[0.7])  # slots 1, 2 weigh their reach (< 1)

@@ -60,7 +60,7 @@ def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, 
     trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective,
                          **extra), progress=False)
     train = metrics(tmp_path)
-    losses = [m["loss"] for m in train]
+    losses = [np.mean(m["loss_per_slot"]) for m in train]  # unweighted: a reach-weighted loss may rise as it learns
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:3])
     assert np.mean([m["accuracy_per_slot"][0] for m in train[-5:]]) > np.mean([m["accuracy_per_slot"][0]
