@@ -29,12 +29,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from specformer_jax.assets import PROMPT_SETS
+from specformer_jax.assets import prompt_set
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli.args import parse_drafter
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.drafters import specformer_part
 from specformer_jax.decoding.encode import read_prompts_file
-from specformer_jax.modeling.loaded import LoadedDrafter
 
 
 def sides(drafters: dict, draft_lens: list[int]) -> dict:
@@ -50,21 +50,28 @@ def sides(drafters: dict, draft_lens: list[int]) -> dict:
 
 def facts(drafter) -> dict:
     """Which weights a side drafted with (none for the n-gram lookup)."""
-    loaded = drafter if isinstance(drafter, LoadedDrafter) else getattr(drafter, "drafter", None)
+    loaded = specformer_part(drafter)
     return {"sha256": loaded.sha256, "draft_vocab": loaded.meta.get("draft_vocab")} if loaded else {}
 
 
-def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: int) -> dict:
-    """Every side's median tokens/s and accepted length at one batch size, and its speedup over plain decoding."""
-    run = lambda kw: generate(model, prompts, batch_size=batch, max_new_tokens=max_new, **kw)
-    plain_ids = run(options["plain"]).token_ids  # also compiles plain decoding
-    for name, kw in options.items():
-        if name != "plain" and run(kw).token_ids != plain_ids:
+def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: int,
+              prepare=lambda name: None) -> dict:
+    """Every side's median tokens/s and accepted length at one batch size, and its speedup over plain decoding.
+    options: side name -> generate options; prepare(name) is called before each of that side's runs (a measurement
+    that sets what generate's options cannot)."""
+
+    def run(name):
+        prepare(name)
+        return generate(model, prompts, batch_size=batch, max_new_tokens=max_new, **options[name])
+
+    plain_ids = run("plain").token_ids  # also compiles plain decoding
+    for name in options:
+        if name != "plain" and run(name).token_ids != plain_ids:
             raise SystemExit(f"{name} at batch {batch}: speculative tokens differ from plain decoding")
     runs = {name: [] for name in options}
     for i in range(repeats):
         for name in (list(options) if i % 2 == 0 else list(options)[::-1]):
-            runs[name].append(run(options[name]).stats)
+            runs[name].append(run(name).stats)
     tps = lambda name: [s["tokens_per_second"] for s in runs[name]]
     row = {"batch_size": batch, "num_prompts": len(prompts)}
     for name in options:
@@ -102,7 +109,7 @@ def main() -> None:
         raise SystemExit("--drafters: each drafter once")
     drafters = {name: parse_drafter(name.partition("@")[0], model) for name in names}
     options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
-    prompts = read_prompts_file(PROMPT_SETS.get(args.prompts) or Path(args.prompts))
+    prompts = read_prompts_file(prompt_set(args.prompts))
     rows = []
     batches, counts = args.batch_sizes.split(","), args.num_prompts.split(",")
     if len(batches) != len(counts):

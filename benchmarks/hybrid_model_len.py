@@ -12,17 +12,18 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 import jax
 
-from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.cli.args import parse_drafter
-from specformer_jax.decoding import drafters
-from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.encode import read_prompts_file
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from drafter_decode import batch_row  # noqa: E402
+
+from specformer_jax.checkpoints.loader import load_target  # noqa: E402
+from specformer_jax.cli.args import parse_drafter  # noqa: E402
+from specformer_jax.decoding import drafters  # noqa: E402
+from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 
 
 def main() -> None:
@@ -37,36 +38,22 @@ def main() -> None:
     model = load_target("default")
     prompts = read_prompts_file(Path(args.prompts))
     hybrid, alone = parse_drafter("default+ngram", model), parse_drafter("default", model)
-    sides = {"plain": ({}, None), "specformer@2": ({"drafter": alone, "draft_len": 2}, None)}
-    sides |= {f"hybrid@{args.draft_len}, model_len {m}": ({"drafter": hybrid, "draft_len": args.draft_len}, m)
-              for m in map(int, args.model_lens.split(","))}
+    options = {"plain": {}, "specformer@2": {"drafter": alone, "draft_len": 2}}
+    model_lens = {f"hybrid@{args.draft_len}, model_len {m}": m for m in map(int, args.model_lens.split(","))}
+    options |= {name: {"drafter": hybrid, "draft_len": args.draft_len} for name in model_lens}
     shipped = dict(drafters.HYBRID_CPU_MODEL_DRAFTS)
 
-    def run(name):
-        kw, m = sides[name]
-        # the engine reads the table when it builds the draft source (drafters.hybrid_model_len), so a side sets it
-        drafters.HYBRID_CPU_MODEL_DRAFTS = shipped if m is None else {1: m}
-        return generate(model, prompts, batch_size=1, max_new_tokens=args.max_new_tokens, **kw)
+    def prepare(name):  # the engine reads the table when it builds the draft source (drafters.hybrid_model_len)
+        drafters.HYBRID_CPU_MODEL_DRAFTS = {1: model_lens[name]} if name in model_lens else shipped
 
-    plain = run("plain").token_ids
-    if any(run(name).token_ids != plain for name in sides):
-        raise SystemExit("a speculative side's tokens differ from plain decoding")
-    stats = {name: [] for name in sides}
-    for i in range(args.repeats):
-        for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
-            stats[name].append(run(name).stats)
-    tps = lambda name: [s["tokens_per_second"] for s in stats[name]]
-    rows = {name: {"tokens_per_second": statistics.median(tps(name)),
-                   "speedup": statistics.median(b / a for a, b in zip(tps("plain"), tps(name))),
-                   "mean_accepted_length": stats[name][-1].get("mean_accepted_length", 1.0),
-                   "tokens_per_second_runs": tps(name)} for name in sides}
+    row = batch_row(model, prompts, 1, args.max_new_tokens, options, args.repeats, prepare)
     doc = {"command": " ".join(["benchmarks/hybrid_model_len.py", *sys.argv[1:]]),
            "device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
            "python": platform.python_version(), "jax": jax.__version__,
            "model": model.source, "prompts": args.prompts, "batch_size": 1, "max_new_tokens": args.max_new_tokens,
-           "repeats": args.repeats, "rows": rows}
+           "repeats": args.repeats, "rows": {name: row[name] for name in options}}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print({name: (round(r["speedup"], 3), round(r["mean_accepted_length"], 3)) for name, r in rows.items()},
+    print({name: (round(row[name]["speedup"], 3), round(row[name]["mean_accepted_length"], 3)) for name in options},
           file=sys.stderr)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import f32_gguf  # noqa: E402
 
-from specformer_jax.assets import PROMPT_SETS  # noqa: E402
+from specformer_jax.assets import prompt_set  # noqa: E402
 from specformer_jax.checkpoints.default import default_model_path  # noqa: E402
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
@@ -90,7 +90,7 @@ def main() -> None:
         raise SystemExit("llama-lookup is not on the PATH: give --llama-lookup")
     model = load_target("default")
     gguf = f32_gguf(default_model_path())
-    prompts = read_prompts_file(PROMPT_SETS.get(args.prompts) or Path(args.prompts))[: args.num_prompts]
+    prompts = read_prompts_file(prompt_set(args.prompts))[: args.num_prompts]
     tok = model.tokenizer
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
              for p in prompts]

@@ -21,7 +21,7 @@ from flax import struct
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drafter_decode import batch_row  # noqa: E402
 
-from specformer_jax.assets import PROMPT_SETS  # noqa: E402
+from specformer_jax.assets import prompt_set  # noqa: E402
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 from specformer_jax.decoding.ngram import NgramDrafts  # noqa: E402
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = load_target("default")
-    prompts = read_prompts_file(PROMPT_SETS.get(args.prompts) or Path(args.prompts))
+    prompts = read_prompts_file(prompt_set(args.prompts))
     k = args.draft_len
     options = {"plain": {}, f"no drafts@{k}": {"drafter": NgramDrafts(), "draft_len": k},
                f"rejected drafts@{k}": {"drafter": VerifyUnmatched(), "draft_len": k}}

@@ -9,3 +9,8 @@ EVAL_PROMPTS = ASSETS / "eval-prompts.jsonl"  # the benchmark prompts drafters a
 CODE_PROMPTS = ASSETS / "code-prompts.jsonl"  # benchmark prompts asking for code
 EDITING_PROMPTS = ASSETS / "editing-prompts.jsonl"  # benchmark prompts whose answers copy their input (n-gram drafts)
 PROMPT_SETS = {"chat": EVAL_PROMPTS, "code": CODE_PROMPTS, "editing": EDITING_PROMPTS}  # never training data
+
+
+def prompt_set(text: str) -> Path:
+    """A prompt set shipped here, by name (PROMPT_SETS), else `text` as a file path."""
+    return PROMPT_SETS.get(text) or Path(text)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pallas_kernels import IMPLS
-from specformer_jax.assets import PROMPT_SETS
+from specformer_jax.assets import PROMPT_SETS, prompt_set
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli import args as a
 from specformer_jax.cli.decode import draft_len
@@ -103,11 +103,6 @@ def _add_bench_kernels(sub) -> None:
                    help="time N dependent calls in one jitted call and divide by N, so per-call dispatch drops out")
     p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
     p.set_defaults(func=run_bench_kernels)
-
-
-def prompt_set(text: str) -> Path:
-    """--prompts: a shipped prompt set by name, else a file."""
-    return PROMPT_SETS.get(text) or Path(text)
 
 
 def run_bench(args) -> int:

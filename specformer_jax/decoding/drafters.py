@@ -52,7 +52,7 @@ def default_draft_len(drafter: Drafter, batch_size: int, packed: bool) -> int:
     if jax.default_backend() != "cpu":
         if isinstance(drafter, NgramDrafts):
             return ACCELERATOR_NGRAM_DRAFTS
-        return (drafter.drafter if isinstance(drafter, Hybrid) else drafter).cfg.num_slots
+        return specformer_part(drafter).cfg.num_slots
     k = CPU_DRAFT_LENS[type(drafter)].get(batch_size, 0) if packed else 1
     return min(max_draft_len(drafter), k)
 
@@ -62,7 +62,7 @@ def draft_source(drafter: Drafter, mesh: Mesh | None, target_cfg, batch_size: in
     over `mesh` by their logical axes)."""
     if isinstance(drafter, NgramDrafts):
         return drafter
-    loaded = drafter.drafter if isinstance(drafter, Hybrid) else drafter
+    loaded = specformer_part(drafter)
     params = loaded.params
     if mesh is not None:
         params = jax.device_put(params, param_shardings(params, drafter_axes(target_cfg, loaded.cfg), mesh))
