@@ -93,3 +93,12 @@ def cli_error(capsys):
         return errors[0]
 
     return run
+
+
+@pytest.fixture
+def use_records(monkeypatch, records):
+    """Training reads the requesting module's `records` fixture instead of distilled directories."""
+    from specformer_jax.training import trainer
+
+    monkeypatch.setattr(trainer, "load_records", lambda *a, **k: records)
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # records in memory: no manifests to check

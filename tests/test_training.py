@@ -41,12 +41,6 @@ def config(tiny_checkpoints, tmp_path, **kw):
     return TrainConfig.from_settings({**base, **kw})
 
 
-@pytest.fixture
-def use_records(monkeypatch, records):
-    monkeypatch.setattr(trainer, "load_records", lambda *a, **k: records)
-    monkeypatch.setattr(trainer, "check_vocabulary", lambda *a: None)  # records in memory: no manifests to check
-
-
 def metrics(out, split="train"):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [m for m in lines if m["split"] == split]

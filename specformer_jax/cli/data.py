@@ -1,8 +1,9 @@
-"""`specformer sample-prompts`, `specformer distill` and `specformer pack-data`: the prompts and the self-distilled data
-drafters train on, and its compact form for keeping."""
+"""`specformer sample-prompts`, `specformer distill`, `specformer pack-data` and `specformer cache-states`: the prompts
+and the self-distilled data drafters train on, its compact form for keeping, and the target's states over it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -63,6 +64,26 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-shard-mb", type=a.kind(POSITIVE_INT), default=16, help="largest shard, MiB (default 16)")
     p.set_defaults(func=run_pack_data)
 
+    p = sub.add_parser(
+        "cache-states",
+        help="run the target once over training data and keep the states a drafter reads, for `train --set states=`",
+        description="Write the target's hidden states at the drafter's hooks over distilled data (bfloat16 shards "
+        "and a manifest tying them to the target, the data and the hooks). A training run with `states: DIR` reads "
+        "them instead of running the target at every step. Rerun the same command to resume an interrupted run.",
+    )
+    a.add_model(p)
+    p.add_argument("--data", required=True, help="distilled training data (comma-separated directories, as `train`'s "
+                   "data setting; the cache serves runs on exactly this data)")
+    p.add_argument("--out", type=a.out_dir, required=True, metavar="DIR", help="the cache directory")
+    p.add_argument("--seq-len", type=a.kind(POSITIVE_INT), default=512,
+                   help="positions kept per record; serves runs with seq_len up to it (default 512)")
+    p.add_argument("--hooks", type=_hooks, metavar="I,J,...",
+                   help="hidden states to keep, as a drafter's `hooks` setting (HF indexing: 0 the embeddings, L the "
+                   "final-normed output; default: the default drafter's, 0,L/2,L-1,L, which also serve the kl "
+                   "objective)")
+    p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=8)
+    p.set_defaults(func=run_cache_states)
+
 
 def run_sample_prompts(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
@@ -104,4 +125,32 @@ def run_pack_data(args) -> int:
     s = pack(args.data, args.out, args.max_shard_mb * 2**20)
     print(f"specformer: {s['records']} records ({s['tokens']:,} tokens) packed into {args.out}: {s['shards']} "
           f"shard(s), {s['bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+    return 0
+
+
+def _hooks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects integers like 0,15,29,30, got {text!r}") from None
+
+
+def run_cache_states(args) -> int:
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.config import DrafterConfig
+    from specformer_jax.training.dataset import check_token_ids, check_vocabulary, data_dirs, load_records
+    from specformer_jax.training.state_cache import cache_states
+
+    records = load_records(args.data, "--data")  # bad data fails before the model loads
+    print(f"specformer: loading {args.model} ...", file=sys.stderr)
+    target = load_target(args.model)
+    check_vocabulary(data_dirs(args.data), target.cfg.vocab_size)
+    check_token_ids(records, target.cfg.vocab_size, args.data)
+    hooks = args.hooks if args.hooks is not None else DrafterConfig().resolved_hooks(target.cfg)
+    s = cache_states(target, records, args.out, hooks=hooks, seq_len=args.seq_len, data=args.data,
+                     batch_size=args.batch_size)
+    rate = s["tokens"] / max(s["seconds"], 1e-9)
+    print(f"specformer: states of {len(records)} records in {s['out']} ({s['shards_written']} new shard(s), "
+          f"{s['shards_skipped']} already done; {s['tokens']:,} positions at {rate:.0f} a second); train with "
+          f"--set states={s['out']}", file=sys.stderr)
     return 0

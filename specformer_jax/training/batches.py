@@ -18,22 +18,27 @@ def _example(record: dict, seq_len: int) -> dict:
 
 
 class _ToExample(grain.transforms.Map):
-    def __init__(self, seq_len: int):
-        self.seq_len = seq_len
+    def __init__(self, seq_len: int, states=None):
+        self.seq_len, self.states = seq_len, states
 
     def map(self, record):
-        return _example(record, self.seq_len)
+        example = _example(record, self.seq_len)
+        if self.states is not None:  # the target's states from the cache (the record's place in the data)
+            example["states"] = self.states.rows(record["position"], self.seq_len)
+        return example
 
 
 def training_batches(records: list[dict], *, seq_len: int, batch_size: int, steps: int, seed: int,
-                     process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
-    """Shuffled (anew each epoch), repeated for `steps`, this host's share of every global batch."""
+                     process_index: int = 0, process_count: int = 1, states=None) -> grain.IterDataset:
+    """Shuffled (anew each epoch), repeated for `steps`, this host's share of every global batch. states: a
+    StateCache (state_cache.py) of the records, whose "position" says where each lies in it: every example also
+    holds "states", the target's states there."""
     if batch_size % process_count:
         raise ValueError(f"batch_size {batch_size} is not divisible by {process_count} processes")
     per_host = batch_size // process_count
     epochs = -(-steps * batch_size // max(len(records), 1)) + 1
     ds = grain.MapDataset.source(records).repeat(epochs).seed(seed).shuffle()
-    ds = ds[process_index::process_count].map(_ToExample(seq_len)).batch(per_host, drop_remainder=True)
+    ds = ds[process_index::process_count].map(_ToExample(seq_len, states)).batch(per_host, drop_remainder=True)
     return ds.to_iter_dataset()
 
 

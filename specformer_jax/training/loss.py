@@ -193,6 +193,13 @@ def replay_rounds(lead: jax.Array, label_mask: jax.Array):
 OBJECTIVES = ("ce", "kl")
 
 
+def hooks_read(target_cfg: TargetConfig, drafter_cfg: DrafterConfig, objective: str) -> tuple[int, ...]:
+    """The target's hidden states the loss reads: the drafter's hooks, and under kl the final-normed output (whose
+    distributions the slots learn) when they do not include it."""
+    hooks, final = drafter_cfg.resolved_hooks(target_cfg), target_cfg.num_layers
+    return hooks + ((final,) if objective == "kl" and final not in hooks else ())
+
+
 def slot_weights(num_slots: int, decay: float) -> jax.Array:
     """Loss weight of each slot: exp(-decay * i) for slot i, normalised to sum 1 (decay 0: 1/K each). A decay puts
     the first slots, which every accepted run starts with, ahead (DFlash weighs its block positions so)."""
@@ -202,26 +209,30 @@ def slot_weights(num_slots: int, decay: float) -> jax.Array:
 
 def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mask, *, target_cfg: TargetConfig,
                  drafter_cfg: DrafterConfig, chunk_positions: int = 256, objective: str = "ce", replay: bool = False,
-                 slot_decay: float = 0.0, draft_len: int | None = None, reach: bool = False):
+                 slot_decay: float = 0.0, draft_len: int | None = None, reach: bool = False, states=None):
     """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean), over the
     drafter's draft vocabulary when it has one. Returns (loss, sums for metrics). replay: also the sums of
     `replay_rounds` (for evaluation: it is sequential). draft_len: score only the first k slots, as decoding with k
     drafts uses them (default: all K). reach: each position's slot loss weighted by `reach_weights` (the metrics'
-    per-slot losses stay unweighted)."""
+    per-slot losses stay unweighted). states: [B, T, H, d], the target's states at the hooks `hooks_read` names, in
+    its order (a state cache's), instead of running the target."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
-    hooks = drafter_cfg.resolved_hooks(target_cfg)
+    hooks, read = drafter_cfg.resolved_hooks(target_cfg), hooks_read(target_cfg, drafter_cfg, objective)
     final = target_cfg.num_layers  # hook index of the final-normed output
-    hidden = target_hidden(target_cfg, target_params, tokens, hooks + ((final,) if objective == "kl" else ()))
+    if states is None:
+        hidden = target_hidden(target_cfg, target_params, tokens, read)
+    else:  # cached (state_cache.py): the same states, rounded to bfloat16
+        hidden = {i: jax.lax.stop_gradient(states[:, :, j].astype(target_cfg.dtype)) for j, i in enumerate(read)}
     next_embed = None
     if drafter_cfg.reads_next_tokens:
         next_embed = next_token_embedding(target_params, following_tokens(tokens))
     k = draft_len or drafter_cfg.num_slots
-    states = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed, k)
+    slots = slot_states(target_cfg, drafter_cfg, drafter_params, {i: hidden[i] for i in hooks}, B, T, next_embed, k)
     labels, weights = slot_targets(tokens, label_mask, k)
     teacher = hidden[final][:, slot_teacher_index(T, k)] if objective == "kl" else None
-    sums = chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions, teacher, replay,
+    sums = chunked_slot_ce(target_cfg, target_params, slots, labels, weights, chunk_positions, teacher, replay,
                            drafter_params.vocab, reach)
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)

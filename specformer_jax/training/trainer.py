@@ -48,8 +48,9 @@ from specformer_jax.training.dataset import (
     split,
 )
 from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
-from specformer_jax.training.loss import drafter_loss, metrics_from_sums
+from specformer_jax.training.loss import drafter_loss, hooks_read, metrics_from_sums
 from specformer_jax.training.plots import plot_training
+from specformer_jax.training.state_cache import open_cache
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
 
 
@@ -91,7 +92,7 @@ def make_steps(target: LoadedTarget, cfg: TrainConfig, tx, mesh, vocab: np.ndarr
 
     def train_step(state: TrainState, target_params, batch):
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, target_params, batch["tokens"], batch["label_mask"]
+            state.params, target_params, batch["tokens"], batch["label_mask"], states=batch.get("states")
         )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -249,6 +250,8 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
     if resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
         raise SpecformerError(f"--resume: no checkpoint under {ckpt_dir}")
     records = load_records(cfg.data)
+    if cfg.states is not None:  # each record's place in the data: where its states lie in the cache
+        records = [{**r, "position": i} for i, r in enumerate(records)]
     train_recs, held_out = split(records, cfg.eval_fraction)
     eval_recs = held_out if cfg.eval_data is None else load_records(cfg.eval_data, "eval_data", for_training=False)
     if train_recs and all(r["prompt_len"] >= cfg.seq_len for r in train_recs):
@@ -279,12 +282,15 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     check_token_ids(records, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
+    states = None if cfg.states is None else open_cache(
+        cfg.states, target, records, hooks_read(target.cfg, cfg.drafter, cfg.objective), cfg.seq_len)
     start = initial_params(cfg, target)  # a bad init_from fails here, before anything is written
     vocab, vocab_meta = _draft_vocab(cfg, target, train_recs, eval_recs, resume)
     mesh, tx = make_mesh(cfg.mesh), make_optimizer(cfg)
     train_step, eval_step = make_steps(target, cfg, tx, mesh, vocab)
     data = iter(training_batches(train_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps,
-                                 seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count()))
+                                 seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
+                                 states=states))
     evals = eval_batches(eval_recs, seq_len=cfg.seq_len, batch_size=cfg.batch_size, num_batches=cfg.eval_batches)
     state_sh, target_sh = train_shardings(target, cfg, tx, mesh)
     target = dataclasses.replace(target, params=put_global(target.params, target_sh))
