@@ -12,8 +12,10 @@
 #
 # Made first (README.md here says how long each took):
 #   specformer cache-states --data benchmarks/drafter-smollm2/data-cpu-2000 --out runs/states-cpu-2000
-#   cat benchmarks/drafter-smollm2/v5-cpu/heldout-chat.jsonl specformer_jax/assets/code-prompts.jsonl > runs/heldout.jsonl
-#   specformer distill --prompts runs/heldout.jsonl --for-eval --max-new-tokens 256 --batch-size 8 --out runs/eval-heldout
+#   cat benchmarks/drafter-smollm2/v5-cpu/heldout-chat.jsonl specformer_jax/assets/code-prompts.jsonl \
+#       > runs/heldout.jsonl
+#   specformer distill --prompts runs/heldout.jsonl --for-eval --max-new-tokens 256 --batch-size 8 \
+#       --out runs/eval-heldout
 #   specformer pack-data runs/eval-heldout --out benchmarks/drafter-smollm2/v5-cpu/eval-heldout
 # A cut run resumes where it stopped: an arm with checkpoints continues with --resume, a finished one is skipped.
 set -euo pipefail
