@@ -63,7 +63,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", type=a.out_dir, required=True, metavar="DIR", help="new (or empty) output directory")
     p.add_argument("--max-shard-mb", type=a.kind(POSITIVE_INT), default=16, help="largest shard, MiB (default 16)")
     p.set_defaults(func=run_pack_data)
+    _add_cache_states(sub)
 
+
+def _add_cache_states(sub) -> None:
     p = sub.add_parser(
         "cache-states",
         help="run the target once over training data and keep the states a drafter reads, for `train --set states=`",
