@@ -18,6 +18,11 @@
 #       --out runs/eval-heldout
 #   specformer pack-data runs/eval-heldout --out benchmarks/drafter-smollm2/v5-cpu/eval-heldout
 # A cut run resumes where it stopped: an arm with checkpoints continues with --resume, a finished one is skipped.
+#
+# Later sessions continue from the last committed drafter on new data, e.g. session 2 (../v5-cpu-2/README.md):
+#   OUT=runs/v5-cpu-2 INIT=benchmarks/drafter-smollm2/v5-cpu/drafter-next_token-reach \
+#   ARMS="next_token-reach both-reach" DATA=benchmarks/drafter-smollm2/data-cpu-sp3 STATES=runs/states-cpu-sp3 \
+#   RESULTS=benchmarks/drafter-smollm2/v5-cpu-2 benchmarks/drafter-smollm2/v5-cpu/run.sh
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
@@ -27,12 +32,14 @@ states=${STATES:-runs/states-cpu-2000}
 bench=${BENCH:-benchmarks/drafter-smollm2/v5-ablation/eval-bench}
 heldout=${HELDOUT:-benchmarks/drafter-smollm2/v5-cpu/eval-heldout}
 arms=${ARMS:-"control next_token next_token-reach"}
+init=${INIT:-default}  # the drafter each arm starts from
 steps=${STEPS:-300}
 batch=${BATCH:-8}
 seq_len=${SEQ_LEN:-320}  # keeps 98.8% of the answer tokens; 512 would be 53% padding
 lr=${LR:-3e-4}
 eval_every=${EVAL_EVERY:-100}
 here=$(dirname "$0")
+results=${RESULTS:-$here}  # where table.py writes the table, curves and metrics
 mkdir -p "$out/v4"
 
 evals() {  # evals DRAFTER DIR: decoding and teacher-forced acceptance, benchmark prompts at k = 1..4, held-out 2, 4
@@ -60,10 +67,10 @@ for arm in $arms; do
     resume=()
     [[ -d "$run/checkpoints" ]] && [[ -n "$(ls -A "$run/checkpoints")" ]] && resume=(--resume)
     "$bin" train --config configs/drafter-smollm2.yaml "${resume[@]}" --set "data=$data" "states=$states" \
-      "eval_data=$bench" "out=$run" init_from=default draft_vocab_size=8192 "steps=$steps" "batch_size=$batch" \
+      "eval_data=$bench" "out=$run" "init_from=$init" draft_vocab_size=8192 "steps=$steps" "batch_size=$batch" \
       "seq_len=$seq_len" "lr=$lr" warmup_frac=0.05 log_every=10 "eval_every=$eval_every" "save_every=$eval_every" \
       eval_batches=2 "${extra[@]}"
   fi
   evals "$run/drafter" "$run"
 done
-"${PYTHON:-python}" "$here/table.py" "$out" --out "$here"
+"${PYTHON:-python}" "$here/table.py" "$out" --out "$results"

@@ -1,0 +1,42 @@
+"""Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl --out NEW.jsonl [--num N]` drops
+every prompt (case and spacing aside) among v4's self-written training prompts (v2's and self-prompts-2) and the
+held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them out)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+from specformer_jax.training.prompts import normalise_prompt
+
+HERE = Path(__file__).parent
+SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent / "self-prompts-2.jsonl.gz",
+        HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
+
+
+def prompts(path: Path) -> list[str]:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+        return [json.loads(line)["prompt"] for line in f if line.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sampled", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--num", type=int, default=None, help="keep at most this many")
+    args = ap.parse_args()
+    seen = {normalise_prompt(p) for path in SEEN for p in prompts(path)}
+    kept = []
+    for p in prompts(args.sampled):
+        if normalise_prompt(p) not in seen:
+            seen.add(normalise_prompt(p))
+            kept.append(p)
+    kept = kept[: args.num]
+    args.out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in kept))
+    print(f"kept {len(kept)} of {len(prompts(args.sampled))}")
+
+
+if __name__ == "__main__":
+    main()
