@@ -56,7 +56,7 @@ def plot(numbers: dict, path: Path) -> None:
         ax.axhline(numbers["v4"]["eval"]["bench"][4]["decoding_accepted_length"], color="grey", ls="--", label="v4")
     ax.set_xlabel("fine-tuning step")
     ax.set_ylabel("decoding accepted length (k = 4)")
-    ax.set_title("v4 fine-tuned on the CPU: periodic eval on the benchmark prompts")
+    ax.set_title("Fine-tuned on the CPU: periodic eval, benchmark prompts", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
