@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 
+from specformer_jax.decoding.encode import read_prompts_file
+from specformer_jax.errors import SpecformerError
 from specformer_jax.training.prompts import normalise_prompt
 
 HERE = Path(__file__).parent
@@ -17,7 +20,9 @@ SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent /
 
 
 def prompts(path: Path) -> list[str]:
-    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+    if path.suffix != ".gz":
+        return read_prompts_file(path)
+    with gzip.open(path, "rt") as f:
         return [json.loads(line)["prompt"] for line in f if line.strip()]
 
 
@@ -28,14 +33,20 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=None, help="keep at most this many")
     args = ap.parse_args()
     seen = {normalise_prompt(p) for path in SEEN for p in prompts(path)}
+    try:
+        sampled = prompts(args.sampled)
+    except SpecformerError as e:
+        print(f"new_prompts.py: {e}", file=sys.stderr)
+        sys.exit(2)
     kept = []
-    for p in prompts(args.sampled):
-        if normalise_prompt(p) not in seen:
-            seen.add(normalise_prompt(p))
+    for p in sampled:
+        key = normalise_prompt(p)
+        if key not in seen:
+            seen.add(key)
             kept.append(p)
     kept = kept[: args.num]
     args.out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in kept))
-    print(f"kept {len(kept)} of {len(prompts(args.sampled))}")
+    print(f"kept {len(kept)} of {len(sampled)}")
 
 
 if __name__ == "__main__":
