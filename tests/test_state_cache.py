@@ -20,7 +20,7 @@ from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.training import loss, state_cache, trainer
 from specformer_jax.training.distill import distill
 from specformer_jax.training.loss import drafter_loss, hooks_read, target_hidden
-from specformer_jax.training.state_cache import cache_states, open_cache
+from specformer_jax.training.state_cache import cache_states, open_cache, open_caches
 
 HOOKS = (0, 1, 2)  # the tiny two-layer model's embeddings, layer 1 and the final-normed output: the default drafter's
 SEQ = 40
@@ -140,6 +140,22 @@ def test_a_cache_for_another_target_data_hooks_or_length_is_refused(tiny_checkpo
 def state_cache_with_hooks(target, records, out, hooks):
     cache_states(target, records, out, hooks=hooks, seq_len=SEQ, shard_records=8, progress=False)
     return out
+
+
+def test_caches_of_consecutive_parts_of_the_data_read_as_one(target, records, cache, tmp_path):
+    """Caches made one per data directory serve the data of both; out of order or not covering it, refused."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    cache_states(target, records[:10], first, hooks=HOOKS, seq_len=SEQ, batch_size=4, shard_records=4, progress=False)
+    cache_states(target, records[10:], second, hooks=HOOKS, seq_len=SEQ, batch_size=3, shard_records=5,
+                 progress=False)
+    whole = open_cache(cache, target, records, HOOKS, SEQ)
+    parts = open_caches(f"{first},{second}", target, records, HOOKS, SEQ)
+    for i in range(len(records)):
+        np.testing.assert_array_equal(parts.rows(i, SEQ).view(np.uint16), whole.rows(i, SEQ).view(np.uint16))
+    with pytest.raises(SpecformerError, match="other data"):
+        open_caches(f"{second},{first}", target, records[10:] + records[:10][::-1], HOOKS, SEQ)
+    with pytest.raises(SpecformerError, match="13 records, the data has 23"):
+        open_caches(str(second), target, records, HOOKS, SEQ)
 
 
 def test_an_unfinished_cache_resumes_to_the_same_states(target, records, cache, tmp_path, monkeypatch):

@@ -203,3 +203,31 @@ def open_cache(path: str | Path, target, records: list[dict], hooks: tuple[int, 
     firsts = np.concatenate([[0], ends[:-1]])
     starts = firsts - firsts[np.searchsorted(shard, shard)]  # rows from the start of each record's shard
     return StateCache(path, m, [m["hooks"].index(i) for i in hooks], starts, lengths)
+
+
+@dataclasses.dataclass
+class StateCaches:
+    """Caches that together hold the states of one run's data, each of the records that follow the last's (one per
+    data directory, say): the states of record `position` as training reads them."""
+
+    parts: list[StateCache]
+    firsts: np.ndarray  # each part's first record in the data
+
+    def rows(self, position: int, seq_len: int) -> np.ndarray:
+        k = int(np.searchsorted(self.firsts, position, side="right")) - 1
+        return self.parts[k].rows(position - int(self.firsts[k]), seq_len)
+
+
+def open_caches(paths: str, target, records: list[dict], hooks: tuple[int, ...], seq_len: int) -> StateCaches:
+    """The caches of a `states` setting ("dir1,dir2"), each checked by `open_cache` against the records it holds:
+    the first cache's come first in `records`, the next one's after them, and together they hold all of them."""
+    dirs = [Path(d.strip()) for d in paths.split(",") if d.strip()]
+    if not dirs:
+        raise SpecformerError("states: give a directory written by `specformer cache-states` (several: dir1,dir2)")
+    counts = [_read_manifest(d)["num_records"] for d in dirs]
+    if sum(counts) != len(records):
+        raise SpecformerError(f"states {paths} hold the states of {sum(counts)} records, the data has {len(records)}: "
+                              "give one cache per data directory, in the data's order (or one cache of all of it)")
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    parts = [open_cache(d, target, records[a: a + n], hooks, seq_len) for d, a, n in zip(dirs, firsts, counts)]
+    return StateCaches(parts, firsts)

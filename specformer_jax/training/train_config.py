@@ -42,7 +42,8 @@ class TrainConfig:
     out: str = "runs/drafter"  # checkpoints, metrics.jsonl, the exported drafter/
     eval_fraction: float = 0.02  # records held out (by prompt index) for periodic eval
     eval_data: str | None = None  # distilled data to evaluate on instead (e.g. `distill --for-eval` of unseen prompts)
-    states: str | None = None  # target states of `data` cached by `specformer cache-states`: train reads them
+    states: str | None = None  # target states of `data` cached by `specformer cache-states`: train reads them;
+    # several caches ("dir1,dir2") hold the data's records in order, e.g. one per data directory
     init_from: str | None = None  # a drafter directory to continue from (same drafter settings) instead of random init
     drafter: DrafterConfig = DrafterConfig()  # the drafter to train (num_slots, hooks, ...: see DrafterConfig)
     # data

@@ -50,7 +50,7 @@ from specformer_jax.training.dataset import (
 from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
 from specformer_jax.training.loss import drafter_loss, hooks_read, metrics_from_sums
 from specformer_jax.training.plots import plot_training
-from specformer_jax.training.state_cache import open_cache
+from specformer_jax.training.state_cache import open_caches
 from specformer_jax.training.train_config import DRAFTER_SETTINGS, TrainConfig
 
 
@@ -282,7 +282,7 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
     check_token_ids(records, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
-    states = None if cfg.states is None else open_cache(
+    states = None if cfg.states is None else open_caches(
         cfg.states, target, records, hooks_read(target.cfg, cfg.drafter, cfg.objective), cfg.seq_len)
     start = initial_params(cfg, target)  # a bad init_from fails here, before anything is written
     vocab, vocab_meta = _draft_vocab(cfg, target, train_recs, eval_recs, resume)
