@@ -70,6 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     arms = ["v4"] + sorted(p.parent.parent.name for p in args.runs.glob("*/drafter/drafter.json"))
     numbers = {arm: arm_numbers(args.runs / arm) for arm in arms}
+    args.out.mkdir(parents=True, exist_ok=True)  # a new session's folder
     for arm in arms[1:]:
         shutil.copy(args.runs / arm / "metrics.jsonl", args.out / f"metrics-{arm}.jsonl")
     (args.out / "arms.json").write_text(json.dumps(numbers, indent=1) + "\n")
