@@ -112,7 +112,7 @@ def test_default_and_largest_draft_lengths(model):
     # as the drafter alone (at least one), never more than its slots; off a CPU the widths are (slots, k) but unused:
     # every chunk there verifies all k
     widths = lambda d, b, cfg: draft_source(Hybrid(d), None, cfg, b).widths(make_plan(model, 7, SamplingConfig(), N))
-    assert [widths(d, b, packed) for b in (1, 2, 8)] == ([(3, 7), (1, 7), (1, 7)] if cpu else [(4, 7)] * 3)
+    assert [widths(d, b, packed) for b in (1, 2, 8)] == ([(3, 7), (2, 7), (1, 7)] if cpu else [(4, 7)] * 3)
     assert widths(specformer(model, slots=2), 1, packed) == (2, 7)
     assert widths(d, 1, unpacked) == ((1, 7) if cpu else (4, 7))
     with pytest.raises(SpecformerError, match="0..16"):

@@ -1,11 +1,12 @@
-"""The shipped drafter decodes exactly as it did when `data/shipped_drafter.json` was recorded: the same tokens and
+"""The shipped drafters decode exactly as they did when their files under `data/` were recorded: the same tokens and
 the same stats (accepted lengths, per-slot acceptance, rounds); greedy speculative output equals the plain output
-recorded there. And after decoding, the weights live once. First recorded with the code of commit 0f42673 (before
-the drafter became a typed value) and v4; rewritten when v4 shipped with its draft vocabulary (issue 34): the greedy
-case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution and so samples
-other (equally distributed) tokens. Both on the 2-core CPU machine.
+recorded there. And after decoding, the weights live once. v4's file was first recorded with the code of commit
+0f42673 (before the drafter became a typed value); rewritten when v4 shipped with its draft vocabulary (issue 34): the
+greedy case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution and so
+samples other (equally distributed) tokens. v5's (the default since issue 33) was recorded when it shipped. All on
+the 2-core CPU machine.
 
-The file is rewritten only by hand, for a change that is meant to alter drafting:
+A file is rewritten only by hand, for a change that is meant to alter drafting:
 SPECFORMER_WRITE_EXPECTED=1 pytest tests/test_shipped_drafter.py (and say why in the commit)."""
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
+from specformer_jax.errors import SpecformerError
 
-EXPECTED = Path(__file__).parent / "data" / "shipped_drafter.json"
+DATA = Path(__file__).parent / "data"
+EXPECTED = {"default": DATA / "shipped_drafter.json", "v4": DATA / "shipped_drafter_v4.json"}  # by drafter name
 PROMPTS = ["What is the capital of France?", "Write one sentence about why the sky is blue.",
            "Give me three tips for writing clear Python code."]
 CASES = {  # name -> generate options (with the shipped drafter)
@@ -46,27 +49,27 @@ def model():
     return model
 
 
-@pytest.fixture(scope="module")
-def decoded(model):
-    drafter = load_drafter("default", model)
-    out = {}
+@pytest.fixture(scope="module", params=list(EXPECTED))
+def decoded(model, request):
+    """(the drafter's name, what it decoded in each case)."""
+    drafter, out = load_drafter(request.param, model), {}
     for name, options in CASES.items():
         result = generate(model, PROMPTS, drafter=drafter, max_new_tokens=MAX_NEW, **options)
         out[name] = {"token_ids": result.token_ids, "stats": {k: result.stats[k] for k in STATS if k in result.stats}}
     if os.environ.get("SPECFORMER_WRITE_EXPECTED"):
         out["plain"] = {"token_ids": generate(model, PROMPTS, max_new_tokens=MAX_NEW, batch_size=3).token_ids}
-        EXPECTED.parent.mkdir(exist_ok=True)
-        EXPECTED.write_text(json.dumps(out, indent=1) + "\n")
-    return out
+        EXPECTED[request.param].write_text(json.dumps(out, indent=1) + "\n")
+    return request.param, out
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_shipped_drafter_decodes_as_before(decoded, name):
-    expected = json.loads(EXPECTED.read_text())
-    assert decoded[name]["token_ids"] == expected[name]["token_ids"]
-    assert decoded[name]["stats"] == expected[name]["stats"]  # ratios of counts: exact through JSON
+    drafter, runs = decoded
+    expected = json.loads(EXPECTED[drafter].read_text())
+    assert runs[name]["token_ids"] == expected[name]["token_ids"]
+    assert runs[name]["stats"] == expected[name]["stats"]  # ratios of counts: exact through JSON
     if "temperature" not in CASES[name]:
-        assert decoded[name]["token_ids"] == expected["plain"]["token_ids"]  # lossless, greedy
+        assert runs[name]["token_ids"] == expected["plain"]["token_ids"]  # lossless, greedy
 
 
 def test_the_weights_live_once_after_decoding(model, decoded):
@@ -76,3 +79,15 @@ def test_the_weights_live_once_after_decoding(model, decoded):
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     assert weights > 500e6  # float32 SmolLM2-135M: 538 MB
     assert live_bytes() <= model.live_bytes_at_load + 16 * 2**20
+
+
+def test_the_shipped_drafters_load_by_name(model, tmp_path, monkeypatch):
+    """"default" is v5 (the emitted token at its slots and its context layer), "v4" the drafter before it; a directory
+    that happens to share a name is given as ./NAME."""
+    v4, v5 = load_drafter("v4", model), load_drafter("default", model)
+    assert not v4.cfg.next_token_input and not v4.cfg.context_token_input
+    assert v5.cfg.next_token_input and v5.cfg.context_token_input
+    assert load_drafter("v5", model).sha256 == v5.sha256 != v4.sha256
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecformerError, match="does not exist"):
+        load_drafter("./v4", model)

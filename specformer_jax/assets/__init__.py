@@ -3,7 +3,9 @@
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent
-DEFAULT_DRAFTER = ASSETS / "drafter-smollm2-135m-instruct"  # the drafter trained for the default model
+# The drafters trained for the default model, by name (`--drafter v4`); "default" is the newest, the one measured best
+SHIPPED_DRAFTERS = {"v5": ASSETS / "drafter-smollm2-135m-instruct", "v4": ASSETS / "drafter-smollm2-135m-instruct-v4"}
+DEFAULT_DRAFTER = SHIPPED_DRAFTERS["v5"]
 BUILTIN_PROMPTS = ASSETS / "builtin-prompts.json"  # word lists and templates of the built-in training prompts
 EVAL_PROMPTS = ASSETS / "eval-prompts.jsonl"  # the benchmark prompts drafters are measured on; never training data
 CODE_PROMPTS = ASSETS / "code-prompts.jsonl"  # benchmark prompts asking for code

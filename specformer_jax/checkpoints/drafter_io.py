@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
-from specformer_jax.assets import DEFAULT_DRAFTER
+from specformer_jax.assets import DEFAULT_DRAFTER, SHIPPED_DRAFTERS
 from specformer_jax.checkpoints.loader import checked_path, refuse_non_finite
 from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from specformer_jax.config import DrafterConfig, TargetConfig
@@ -58,13 +58,16 @@ def file_meta(meta: dict) -> dict:
 
 
 def _drafter_dir(path: str | Path) -> Path:
-    """A drafter directory ("default": the one shipped for the default model)."""
+    """A drafter directory ("default", or a name of SHIPPED_DRAFTERS: one shipped for the default model; a directory
+    of the same name is given as ./NAME)."""
+    name = path if isinstance(path, str) else None  # text may name a shipped drafter; a Path is a directory
     path = checked_path("drafter", path)
-    if str(path) == "default":
-        if not (DEFAULT_DRAFTER / "drafter.json").is_file():
-            raise SpecformerError("this installation ships no default drafter; pass a drafter directory")
-        return DEFAULT_DRAFTER
-    return path.expanduser()
+    shipped = {"default": DEFAULT_DRAFTER, **SHIPPED_DRAFTERS}.get(name)
+    if shipped is None:
+        return path.expanduser()
+    if not (shipped / "drafter.json").is_file():
+        raise SpecformerError(f"this installation does not ship the drafter {name}; pass a drafter directory")
+    return shipped
 
 
 def record_eval(path: str | Path, result: dict) -> Path:
@@ -78,7 +81,7 @@ def record_eval(path: str | Path, result: dict) -> Path:
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
-    """Load a drafter directory for `target` ("default": the one shipped for the default model; "random": fresh
+    """Load a drafter directory for `target` ("default", "v4", ...: one shipped for the default model; "random": fresh
     random weights of RANDOM_DRAFTER's shape, for measuring speed with `set_acceptance`).
 
     A drafter made for a different target is a clear error.

@@ -23,9 +23,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     p.add_argument("--drafter", default="default",
-                   help="'default' (with a random:NAME model: 'random'), a drafter directory, 'random' (random "
-                        "weights, 8 slots), 'ngram', 'default+ngram' or 'DIR+ngram' (as in generate) or 'none' "
-                        "(AR only)")
+                   help="'default' (with a random:NAME model: 'random'), 'v4' (the drafter shipped before), a "
+                        "drafter directory, 'random' (random weights, 8 slots), 'ngram', 'default+ngram' or "
+                        "'DIR+ngram' (as in generate) or 'none' (AR only)")
     p.add_argument("--set-acceptance", type=a.rate_list("--set-acceptance"), default=None,
                    help="comma-separated rates, e.g. 0.5,0.7,0.8: a row per rate, its speculative side accepting each "
                         "draft with that probability (the ones before it accepted) instead of verifying: the cost "
@@ -70,7 +70,7 @@ def _add_profile_round(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     p.add_argument("--drafter", default="default",
-                   help="'default' (with a random:NAME model: 'random'), a drafter directory, or 'random'")
+                   help="'default' (with a random:NAME model: 'random'), 'v4', a drafter directory, or 'random'")
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8], help="e.g. 1,8,64")
     p.add_argument("--draft-lens", type=a.int_list("--draft-lens"), default=[1, 2, 3, 4],
                    help="drafts per round to profile, each against the plain step (default 1,2,3,4)")

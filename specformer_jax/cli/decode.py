@@ -34,15 +34,16 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
-                   help="'default' (shipped for the default model), a drafter directory, 'ngram' (drafts looked up "
-                        "in the prompt and answer so far: any model, no training; 'ngram:MIN-MAX' sets the n tried, "
+                   help="'default' (shipped for the default model; 'v4' the one before), a drafter directory, 'ngram' "
+                        "(drafts looked up in the prompt and answer so far: any model, no training; 'ngram:MIN-MAX' "
+                        "sets the n tried, "
                         "default 1-4), 'default+ngram' or 'DIR+ngram' (per row the n-gram drafts when 2+ tokens "
                         "match, else the drafter's), or 'none' for plain decoding; default: the shipped drafter when "
                         "--model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
                         "drafter alone: chosen per batch size from measured costs); default: all trained slots on a "
-                        "GPU/TPU (4 for ngram); on a CPU at batch 1 2 (ngram and hybrids 7), at batch 2 1 (ngram 2, "
+                        "GPU/TPU (4 for ngram); on a CPU at batch 1 3 (ngram and hybrids 7), at batch 2 2 (ngram 2, "
                         "hybrids 4), else plain decoding")
     p.set_defaults(func=run_generate)
 

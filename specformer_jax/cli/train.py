@@ -29,7 +29,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("eval-drafter", help="teacher-forced drafter accuracy on distilled data",
                        description="Per-slot top-1 accuracy and expected accepted length on held-out distilled data.")
     a.add_model(p)
-    p.add_argument("--drafter", required=True, help="a drafter directory (drafter.json + params.safetensors)")
+    p.add_argument("--drafter", required=True,
+                   help="a drafter directory (drafter.json + params.safetensors), or a shipped one ('default', 'v4')")
     p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
     p.add_argument("--all", action="store_true",
                    help="score every record (default: only those held out by the drafter's training split; "
@@ -49,7 +50,7 @@ def add_parsers(sub) -> None:
                        "head's cost; output stays lossless. The weights are written in bfloat16, as `train` "
                        "writes them.")
     a.add_model(p)
-    p.add_argument("--drafter", required=True, help="a drafter directory, or 'default' (the shipped drafter)")
+    p.add_argument("--drafter", required=True, help="a drafter directory, or a shipped one ('default', 'v4')")
     p.add_argument("--data", required=True, help="distilled training data whose answers choose the vocabulary "
                    "(comma-separated directories, as `train`'s data)")
     p.add_argument("--size", type=a.kind(POSITIVE_INT), required=True, metavar="V'",

@@ -18,10 +18,10 @@ from specformer_jax.parallel import param_shardings
 Drafter = LoadedDrafter | NgramDrafts | Hybrid
 
 # Drafts per round by pool size on a CPU with its kernels (the target's packed layout), plain decoding beyond: the
-# best k measured at each pool size (benchmarks/README.md: "A round and its parts on the CPU" for the SpecFormer
-# drafter, "N-gram drafts" for the others). A round's arithmetic grows with its rows there, so the rounds that pay
-# get shorter as the pool grows.
-CPU_DRAFT_LENS = {LoadedDrafter: {1: 2, 2: 1}, NgramDrafts: {1: 7, 2: 2}, Hybrid: {1: 7, 2: 4}}
+# best k measured at each pool size (benchmarks/README.md: "v5 against v4 on the CPU" for the SpecFormer drafter,
+# "N-gram drafts" for the others). A round's arithmetic grows with its rows there, so the rounds that pay get shorter
+# as the pool grows.
+CPU_DRAFT_LENS = {LoadedDrafter: {1: 3, 2: 2}, NgramDrafts: {1: 7, 2: 2}, Hybrid: {1: 7, 2: 4}}
 ACCELERATOR_NGRAM_DRAFTS = 4  # n-gram drafts per round by default on a GPU or TPU
 # On a CPU a hybrid's rounds with no n-gram row verify only the SpecFormer drafts (chunk.run_chunk). Its drafter drafts
 # all its slots anyway, and at batch 1 up to 3 drafts cost no more than one, so there they verify 3; elsewhere as

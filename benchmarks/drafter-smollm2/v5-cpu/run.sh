@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Drafter v5 on the CPU: the shipped drafter (v4) fine-tuned on the CPU-distilled data from cached target states, one
+# Drafter v5 on the CPU: v4 (shipped before v5) fine-tuned on the CPU-distilled data from cached target states, one
 # change per arm, the same data, batches and steps for all; then each scored on the benchmark prompts (eval-bench)
 # at k = 1..4 and on a second held-out set (heldout: 24 chat prompts written for this and the 16 code prompts) at
 # k = 2 and 4.
@@ -23,6 +23,10 @@
 #   OUT=runs/v5-cpu-2 INIT=benchmarks/drafter-smollm2/v5-cpu/drafter-next_token-reach \
 #   ARMS="next_token-reach both-reach" DATA=benchmarks/drafter-smollm2/data-cpu-sp3 STATES=runs/states-cpu-sp3 \
 #   RESULTS=benchmarks/drafter-smollm2/v5-cpu-2 benchmarks/drafter-smollm2/v5-cpu/run.sh
+# and session 3, which made v5 (../v5-cpu-3/README.md), on both data sets with their two caches:
+#   D=benchmarks/drafter-smollm2; OUT=runs/v5-cpu-3 INIT=$D/v5-cpu-2/drafter-both-reach ARMS=both-reach \
+#   DATA=$D/data-cpu-2000,$D/data-cpu-sp3 STATES=runs/states-cpu-2000,runs/states-cpu-sp3 STEPS=600 \
+#   RESULTS=$D/v5-cpu-3 $D/v5-cpu/run.sh
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
@@ -32,7 +36,7 @@ states=${STATES:-runs/states-cpu-2000}
 bench=${BENCH:-benchmarks/drafter-smollm2/v5-ablation/eval-bench}
 heldout=${HELDOUT:-benchmarks/drafter-smollm2/v5-cpu/eval-heldout}
 arms=${ARMS:-"control next_token next_token-reach"}
-init=${INIT:-default}  # the drafter each arm starts from
+init=${INIT:-v4}  # the drafter each arm starts from
 steps=${STEPS:-300}
 batch=${BATCH:-8}
 seq_len=${SEQ_LEN:-320}  # keeps 98.8% of the answer tokens; 512 would be 53% padding
@@ -51,7 +55,7 @@ evals() {  # evals DRAFTER DIR: decoding and teacher-forced acceptance, benchmar
   done
 }
 
-evals default "$out/v4"  # the shipped drafter, as it is
+evals v4 "$out/v4"  # v4, the drafter v5 was fine-tuned from, as it shipped
 for arm in $arms; do
   extra=()
   case ${arm%-reach} in
