@@ -125,7 +125,8 @@ def drafter_needed(drafter, draft_len, hint: str) -> None:
 
 def parse_drafter(spec: str, target):
     """A drafter named as `--drafter` names it: "ngram" (or "ngram:MIN-MAX"), "default+ngram" or "DIR+ngram" (a
-    hybrid), else a SpecFormer drafter ("default", "random" or a directory: load_drafter)."""
+    hybrid), else a SpecFormer drafter ("default", a shipped name such as "v4", "random" or a directory:
+    load_drafter)."""
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.decoding.hybrid import Hybrid
     from specformer_jax.decoding.ngram import parse_ngram
