@@ -91,7 +91,8 @@ def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
         return random_drafter(target)
     path = _drafter_dir(path)
     if not path.exists():
-        raise SpecformerError(f"drafter {path} does not exist")
+        raise SpecformerError(f"drafter {path} does not exist (give a drafter directory, or a shipped drafter: "
+                              f"default, {', '.join(SHIPPED_DRAFTERS)})")
     if not (path / "drafter.json").is_file():
         raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
     cfg, meta = _read_meta(path / "drafter.json")
