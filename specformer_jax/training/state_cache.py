@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import atomic_open, read_json, write_json
+from specformer_jax.training.dataset import data_dirs
 from specformer_jax.training.loss import target_hidden
 
 FORMAT = "specformer-states-v1"
@@ -175,16 +176,18 @@ class StateCache:
         return np.load(shard_file(self.path, k), mmap_mode="r")  # memory-mapped: opening is cheap, pages are shared
 
 
-def open_cache(path: str | Path, target, records: list[dict], hooks: tuple[int, ...], seq_len: int) -> StateCache:
+def open_cache(path: str | Path, target, records: list[dict], hooks: tuple[int, ...], seq_len: int,
+               target_sha256: str | None = None) -> StateCache:
     """The cache at `path`, refused in one line unless it holds `target`'s `hooks` states over exactly these records
-    to at least `seq_len` positions, complete."""
+    to at least `seq_len` positions, complete. target_sha256: params_sha256(target.params) when the caller has it
+    (hashing the target's weights is most of the check)."""
     path = Path(path)
     m = _read_manifest(path)
     where = f"states {path}"
     if not m.get("complete"):
         raise SpecformerError(f"{where} is unfinished ({len(m['shards_done'])} of {m['num_shards']} shards): rerun "
                               "`specformer cache-states` with the same arguments to finish it")
-    if m["target_sha256"] != params_sha256(target.params):
+    if m["target_sha256"] != (target_sha256 or params_sha256(target.params)):
         raise SpecformerError(f"{where} was made with another target ({m.get('target_source')}) than {target.source}: "
                               "make a cache with this model")
     if m["data_sha256"] != records_sha256(records):
@@ -221,7 +224,7 @@ class StateCaches:
 def open_caches(paths: str, target, records: list[dict], hooks: tuple[int, ...], seq_len: int) -> StateCaches:
     """The caches of a `states` setting ("dir1,dir2"), each checked by `open_cache` against the records it holds:
     the first cache's come first in `records`, the next one's after them, and together they hold all of them."""
-    dirs = [Path(d.strip()) for d in paths.split(",") if d.strip()]
+    dirs = data_dirs(paths)
     if not dirs:
         raise SpecformerError("states: give a directory written by `specformer cache-states` (several: dir1,dir2)")
     counts = [_read_manifest(d)["num_records"] for d in dirs]
@@ -229,5 +232,6 @@ def open_caches(paths: str, target, records: list[dict], hooks: tuple[int, ...],
         raise SpecformerError(f"states {paths} hold the states of {sum(counts)} records, the data has {len(records)}: "
                               "give one cache per data directory, in the data's order (or one cache of all of it)")
     firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    parts = [open_cache(d, target, records[a: a + n], hooks, seq_len) for d, a, n in zip(dirs, firsts, counts)]
+    sha = params_sha256(target.params)  # once for all the caches
+    parts = [open_cache(d, target, records[a: a + n], hooks, seq_len, sha) for d, a, n in zip(dirs, firsts, counts)]
     return StateCaches(parts, firsts)
