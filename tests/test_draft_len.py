@@ -4,6 +4,7 @@ picks; the Python API records nothing unless given a store."""
 from __future__ import annotations
 
 import json
+import types
 
 import jax
 import pytest
@@ -13,7 +14,7 @@ from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding import cost_model as cm
 from specformer_jax.decoding import records as rec
-from specformer_jax.decoding import runner
+from specformer_jax.decoding import runner, timing
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.chunk import run_chunk
 from specformer_jax.decoding.drafters import default_draft_len
@@ -110,6 +111,28 @@ def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch,
     key = rec._cost_key(model, d, 2, 64)
     monkeypatch.setattr(rec, "code_fingerprint", lambda: "other code")
     assert rec._cost_key(model, d, 2, 64) != key
+
+
+def test_each_cost_is_the_median_of_repeats_taken_in_turn(model, monkeypatch):
+    """A slow moment of the machine lands on one run; the median of the repeats leaves it out, and the repeats go
+    round every k in turn, so a slow stretch does not fall on one k's runs alone."""
+    order = []
+    slow = {(1, 2)}  # (repeat, k): the run that a busy moment slowed down tenfold
+
+    def fake_run(plan, model, drafter, prompts, budget=None):
+        if budget == 2:  # compiling
+            return None
+        k, repeat = plan.draft_len, sum(1 for o in order if o == plan.draft_len) // 2
+        order.append(k)
+        rounds = 4 if budget == timing.SHORT_BUDGET else 20
+        seconds = rounds * (1.0 + 0.1 * k) * (10 if budget is None and (repeat, k) in slow else 1)
+        return types.SimpleNamespace(run_seconds=seconds, rounds_run=rounds)
+
+    monkeypatch.setattr(timing, "_run", fake_run)
+    costs = timing.measure_costs(model, drafter(model, None), 2, 64, repeats=3)
+    assert costs["step_seconds"] == pytest.approx(1.0)
+    assert costs["round_seconds"] == pytest.approx({1: 1.1, 2: 1.2, 3: 1.3})  # the slowed run of k = 2 left out
+    assert order == [k for _ in range(3) for k in range(4) for _ in range(2)]  # k = 0..3 in turn, three times
 
 
 def test_the_api_records_only_into_a_store_it_is_given(model, tmp_path, monkeypatch):

@@ -28,6 +28,19 @@ def test_prefix_is_the_chat_template_up_to_the_user_message(model):
     assert text.endswith("<|im_start|>user\n") and text.startswith("<|im_start|>system\n")
 
 
+def test_a_system_message_replaces_the_default_one_in_the_prefix_and_the_sampling(model, tmp_path, monkeypatch):
+    system = "You are a programming assistant."
+    prefix = sp.user_turn_prefix(model, system)
+    assert model.tokenizer.decode(prefix) == f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+    seen = []
+    real = sp.generate
+    monkeypatch.setattr(sp, "generate", lambda m, prompts, **kw: seen.append(prompts[0]) or real(m, prompts, **kw))
+    sp.sample_prompts(model, 2, tmp_path / "p.jsonl", seed=3, system=system, **KW)
+    assert seen and all(p == prefix for p in seen)
+    with pytest.raises(SpecformerError, match="system message is empty"):
+        sp.user_turn_prefix(model, "  ")
+
+
 @pytest.fixture(scope="module")
 def sampled(model, tmp_path_factory):
     out = tmp_path_factory.mktemp("sampled") / "p.jsonl"
@@ -78,6 +91,7 @@ def test_greedy_sampling_is_refused(model, tmp_path):
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--model", "{ckpt}"], "has no chat template"),
         (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
         (["--num", "3", "--out", "{tmp}"], "exists and is not a file"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--system", " "], "system message is empty"),
     ],
 )
 def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):

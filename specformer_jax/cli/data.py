@@ -28,6 +28,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-p", type=a.kind(PROBABILITY), default=0.95)
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=96, help="longer requests are dropped")
     p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=256)
+    p.add_argument("--system", metavar="TEXT", help="a system message in place of the chat template's default one, "
+                   "to steer the requests to a domain (e.g. 'You are a programming assistant.'); keep it the same "
+                   "when resuming")
     p.set_defaults(func=run_sample_prompts)
 
     p = sub.add_parser(
@@ -96,7 +99,8 @@ def run_sample_prompts(args) -> int:
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model)
     prompts = sample_prompts(model, args.num, args.out, seed=args.seed, temperature=args.temperature,
-                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                             system=args.system)
     print(f"specformer: {len(prompts)} prompts in {args.out}", file=sys.stderr)
     return 0
 

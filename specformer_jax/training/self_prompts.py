@@ -29,12 +29,20 @@ MIN_CHARS = 12
 MAX_EMPTY_ROUNDS = 8  # rounds in a row that add nothing: the model does not write usable requests
 
 
-def user_turn_prefix(model: LoadedTarget) -> list[int]:
-    """Token ids of the chat template up to where the user's message would start."""
+def user_turn_prefix(model: LoadedTarget, system: str | None = None) -> list[int]:
+    """Token ids of the chat template up to where the user's message would start.
+
+    `system` replaces the template's default system message: the requests the model then writes are the ones it
+    expects that assistant to get (a programming assistant is asked for code), which steers the data to a domain.
+    """
     tok = model.tokenizer
     if tok is None or not tok.chat_template:
         raise SpecformerError(f"{model.source} has no chat template: it cannot be prompted for user requests")
-    text = tok.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=True)
+    if system is not None and not system.strip():
+        raise SpecformerError("the system message is empty: leave it out to keep the chat template's own")
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": SENTINEL})
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if SENTINEL not in text:
         raise SpecformerError(f"the chat template of {model.source} does not show the user's message")
     return tok.encode(text[: text.index(SENTINEL)], add_special_tokens=False)
@@ -71,9 +79,13 @@ def sample_prompts(
     top_p: float = 0.95,
     max_new_tokens: int = 96,
     batch_size: int = 256,
+    system: str | None = None,
     progress: bool = True,
 ) -> list[str]:
-    """Sample `num` distinct user requests from `model` into `out` (resuming an earlier run there); returns them."""
+    """Sample `num` distinct user requests from `model` into `out` (resuming an earlier run there); returns them.
+
+    `system`: a system message in place of the template's default one (see `user_turn_prefix`).
+    """
     checked_target(model)
     if num < 1:
         raise SpecformerError(f"number of prompts must be >= 1, got {num}")
@@ -82,7 +94,7 @@ def sample_prompts(
     out = Path(out)
     records, round_ = read_rounds(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    prefix = user_turn_prefix(model)
+    prefix = user_turn_prefix(model, system)
     seen = {normalise_prompt(r["prompt"]) for r in records}
     evaluation = evaluation_prompts()
     empty = 0

@@ -1,6 +1,7 @@
-"""Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl --out NEW.jsonl [--num N]` drops
-every prompt (case and spacing aside) among v4's self-written training prompts (v2's and self-prompts-2) and the
-held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them out)."""
+"""Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl... --out NEW.jsonl [--num N]` drops
+every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 and
+self-prompts-3) and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts
+leaves them out)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from specformer_jax.training.prompts import normalise_prompt
 
 HERE = Path(__file__).parent
 SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent / "self-prompts-2.jsonl.gz",
-        HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
+        HERE.parent / "self-prompts-3.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
 
 
 def prompts(path: Path) -> list[str]:
@@ -28,13 +29,13 @@ def prompts(path: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sampled", type=Path)
+    ap.add_argument("sampled", type=Path, nargs="+", help="sampled prompt files, kept in this order")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--num", type=int, default=None, help="keep at most this many")
     args = ap.parse_args()
     seen = {normalise_prompt(p) for path in SEEN for p in prompts(path)}
     try:
-        sampled = prompts(args.sampled)
+        sampled = [p for path in args.sampled for p in prompts(path)]
     except SpecformerError as e:
         print(f"new_prompts.py: {e}", file=sys.stderr)
         sys.exit(2)
