@@ -27,6 +27,10 @@
 #   D=benchmarks/drafter-smollm2; OUT=runs/v5-cpu-3 INIT=$D/v5-cpu-2/drafter-both-reach ARMS=both-reach \
 #   DATA=$D/data-cpu-2000,$D/data-cpu-sp3 STATES=runs/states-cpu-2000,runs/states-cpu-sp3 STEPS=600 \
 #   RESULTS=$D/v5-cpu-3 $D/v5-cpu/run.sh
+# and session 5, which made v6 (../v5-cpu-5/README.md), from v5 on three data sets:
+#   OUT=runs/v5-cpu-5 INIT=v5 ARMS=both-reach DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4 \
+#   STATES=runs/states-cpu-2000,runs/states-cpu-sp3,runs/states-cpu-sp4 STEPS=600 RESULTS=$D/v5-cpu-5 $D/v5-cpu/run.sh
+# The next session starts from v6 (INIT=v6) with a data set none of these has seen.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
