@@ -32,9 +32,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def pack(src: str | Path, out: str | Path, max_bytes: int = MAX_SHARD_BYTES) -> dict:
     """Write the records of the finished distillation `src` to `out` in the packed form; returns what was written
     (records, tokens, shards, bytes). `out` must be new or empty."""
-    src, out = Path(src), Path(out)
-    records = read_distilled(src)
-    manifest = read_manifest(src)
+    src = Path(src)
+    return pack_records(read_distilled(src), read_manifest(src), out, max_bytes)
+
+
+def pack_records(records: list[dict], manifest: dict, out: str | Path, max_bytes: int = MAX_SHARD_BYTES) -> dict:
+    """`pack` for records already read (a part of a data set, say), with the manifest of the data they came from;
+    returns what was written. `out` must be new or empty."""
+    out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecformerError(f"output directory {out} exists and is not empty; pick a new --out")
     dtype = token_dtype(manifest["vocab_size"])

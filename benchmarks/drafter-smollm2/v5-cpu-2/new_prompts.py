@@ -1,7 +1,7 @@
 """Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl... --out NEW.jsonl [--num N]` drops
 every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2, -3 and
--4) and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts
-leaves them out)."""
+-4) and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them
+out)."""
 
 from __future__ import annotations
 
