@@ -92,6 +92,7 @@ def test_greedy_sampling_is_refused(model, tmp_path):
         (["--num", "3", "--out", "{tmp}/bad.jsonl"], "not a line written by sample-prompts"),
         (["--num", "3", "--out", "{tmp}"], "exists and is not a file"),
         (["--num", "3", "--out", "{tmp}/p.jsonl", "--system", " "], "system message is empty"),
+        (["--num", "3", "--out", "{tmp}/p.jsonl", "--system", "", "--model", "{tmp}/none"], "system message is empty"),
     ],
 )
 def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):

@@ -93,9 +93,10 @@ def _add_cache_states(sub) -> None:
 
 def run_sample_prompts(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.training.self_prompts import read_rounds, sample_prompts
+    from specformer_jax.training.self_prompts import check_system, read_rounds, sample_prompts
 
-    read_rounds(args.out)  # an unusable --out fails before the model loads
+    read_rounds(args.out)  # an unusable --out or --system fails before the model loads
+    check_system(args.system)
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model)
     prompts = sample_prompts(model, args.num, args.out, seed=args.seed, temperature=args.temperature,

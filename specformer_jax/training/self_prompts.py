@@ -29,6 +29,12 @@ MIN_CHARS = 12
 MAX_EMPTY_ROUNDS = 8  # rounds in a row that add nothing: the model does not write usable requests
 
 
+def check_system(system: str | None) -> None:
+    """Refuse a blank system message (None keeps the template's own)."""
+    if system is not None and not system.strip():
+        raise SpecformerError("the system message is empty: leave it out to keep the chat template's own")
+
+
 def user_turn_prefix(model: LoadedTarget, system: str | None = None) -> list[int]:
     """Token ids of the chat template up to where the user's message would start.
 
@@ -38,8 +44,7 @@ def user_turn_prefix(model: LoadedTarget, system: str | None = None) -> list[int
     tok = model.tokenizer
     if tok is None or not tok.chat_template:
         raise SpecformerError(f"{model.source} has no chat template: it cannot be prompted for user requests")
-    if system is not None and not system.strip():
-        raise SpecformerError("the system message is empty: leave it out to keep the chat template's own")
+    check_system(system)
     messages = [{"role": "system", "content": system}] if system is not None else []
     messages.append({"role": "user", "content": SENTINEL})
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
