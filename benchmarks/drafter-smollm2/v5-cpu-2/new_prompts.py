@@ -1,6 +1,6 @@
 """Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl... --out NEW.jsonl [--num N]` drops
-every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2, -3 and
--4) and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them
+every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 to -5)
+and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them
 out)."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from specformer_jax.training.prompts import normalise_prompt
 HERE = Path(__file__).parent
 SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent / "self-prompts-2.jsonl.gz",
         HERE.parent / "self-prompts-3.jsonl.gz", HERE.parent / "self-prompts-4-code.jsonl.gz",
-        HERE.parent / "self-prompts-4-general.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
+        HERE.parent / "self-prompts-4-general.jsonl.gz", HERE.parent / "self-prompts-5-code.jsonl.gz",
+        HERE.parent / "self-prompts-5-questions.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
 
 
 def prompts(path: Path) -> list[str]:
