@@ -30,7 +30,11 @@
 # and session 5, which made v6 (../v5-cpu-5/README.md), from v5 on three data sets:
 #   OUT=runs/v5-cpu-5 INIT=v5 ARMS=both-reach DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4 \
 #   STATES=runs/states-cpu-2000,runs/states-cpu-sp3,runs/states-cpu-sp4 STEPS=600 RESULTS=$D/v5-cpu-5 $D/v5-cpu/run.sh
-# The next session starts from v6 (INIT=v6) with a data set none of these has seen.
+# and session 6, which made v7 (../v5-cpu-6/README.md), from v6 on four data sets:
+#   OUT=runs/v5-cpu-6 INIT=v6 ARMS=both-reach DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5 \
+#   STATES=runs/states-cpu-2000,runs/states-cpu-sp3,runs/states-cpu-sp4,runs/states-cpu-sp5 STEPS=700 \
+#   RESULTS=$D/v5-cpu-6 $D/v5-cpu/run.sh
+# The next session starts from v7 (INIT=v7) with a data set none of these has seen.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
