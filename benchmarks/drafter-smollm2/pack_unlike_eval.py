@@ -15,21 +15,20 @@ import difflib
 import sys
 from pathlib import Path
 
+from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.decoding.encode import read_prompts_file
 from specformer_jax.errors import SpecformerError
 from specformer_jax.training.dataset import read_distilled, read_manifest
 from specformer_jax.training.packed import pack_records
 
-ROOT = Path(__file__).parents[2]
-EVAL_SETS = (ROOT / "specformer_jax" / "assets" / "eval-prompts.jsonl",
-             ROOT / "specformer_jax" / "assets" / "code-prompts.jsonl",
-             ROOT / "specformer_jax" / "assets" / "editing-prompts.jsonl",
-             ROOT / "benchmarks" / "drafter-smollm2" / "v5-cpu" / "heldout-chat.jsonl")
+EVAL_SETS = (*PROMPT_SETS.values(), Path(__file__).parent / "v5-cpu" / "heldout-chat.jsonl")
 
 
-def nearest(prompt: str, evals: list[str]) -> tuple[float, str]:
-    """The evaluation prompt most like `prompt` and how alike they are (difflib ratio of the lower-cased texts)."""
-    return max((difflib.SequenceMatcher(None, prompt.lower(), e.lower()).ratio(), e) for e in evals)
+def nearest(prompt: str, evals: dict[str, str]) -> tuple[float, str]:
+    """The evaluation prompt most like `prompt` and how alike they are (difflib ratio of the lower-cased texts);
+    `evals` maps each evaluation prompt to its lower-cased text."""
+    low = prompt.lower()
+    return max((difflib.SequenceMatcher(None, low, e_low).ratio(), e) for e, e_low in evals.items())
 
 
 def main() -> None:
@@ -42,7 +41,7 @@ def main() -> None:
     try:
         records, manifest = read_distilled(args.distilled, for_training=True), read_manifest(args.distilled)
         prompts = read_prompts_file(args.prompts)
-        evals = [p for path in EVAL_SETS for p in read_prompts_file(path)]
+        evals = {p: p.lower() for path in EVAL_SETS for p in read_prompts_file(path)}
         if len(prompts) != manifest["num_prompts"]:
             raise SpecformerError(f"{args.prompts} holds {len(prompts)} prompts; {args.distilled} was distilled from "
                                   f"{manifest['num_prompts']}")
