@@ -8,9 +8,12 @@ import argparse
 from pathlib import Path
 
 from pallas_kernels import IMPLS
+from specformer_jax.assets import SHIPPED_DRAFTERS
 from specformer_jax.checks import FRACTION, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import probe_writable
+
+SHIPPED_NAMES = ", ".join(repr(name) for name in SHIPPED_DRAFTERS)  # for help texts: 'v7', 'v6', 'v4'
 
 
 class Parser(argparse.ArgumentParser):

@@ -23,7 +23,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     p.add_argument("--drafter", default="default",
-                   help="'default' (with a random:NAME model: 'random'), 'v4' (the drafter shipped before), a "
+                   help=f"'default' (with a random:NAME model: 'random'), a shipped one by name ({a.SHIPPED_NAMES}), a "
                         "drafter directory, 'random' (random weights, 8 slots), 'ngram', 'default+ngram' or "
                         "'DIR+ngram' (as in generate) or 'none' (AR only)")
     p.add_argument("--set-acceptance", type=a.rate_list("--set-acceptance"), default=None,
@@ -70,7 +70,8 @@ def _add_profile_round(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: the checkpoint's (GGUF: float32; random:NAME: bfloat16)")
     p.add_argument("--drafter", default="default",
-                   help="'default' (with a random:NAME model: 'random'), 'v4', a drafter directory, or 'random'")
+                   help=f"'default' (with a random:NAME model: 'random'), {a.SHIPPED_NAMES}, a drafter directory, or "
+                        "'random'")
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8], help="e.g. 1,8,64")
     p.add_argument("--draft-lens", type=a.int_list("--draft-lens"), default=[1, 2, 3, 4],
                    help="drafts per round to profile, each against the plain step (default 1,2,3,4)")

@@ -34,7 +34,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
-                   help="'default' (shipped for the default model; 'v4' the one before), a drafter directory, 'ngram' "
+                   help=f"'default' (shipped for the default model; by name {a.SHIPPED_NAMES}), a drafter directory, "
+                        "'ngram' "
                         "(drafts looked up in the prompt and answer so far: any model, no training; 'ngram:MIN-MAX' "
                         "sets the n tried, default 1-4), 'default+ngram' or 'DIR+ngram' (per row the n-gram drafts "
                         "when 2+ tokens match, else the drafter's), or 'none' for plain decoding; default: the shipped "

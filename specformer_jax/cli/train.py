@@ -30,7 +30,8 @@ def add_parsers(sub) -> None:
                        description="Per-slot top-1 accuracy and expected accepted length on held-out distilled data.")
     a.add_model(p)
     p.add_argument("--drafter", required=True,
-                   help="a drafter directory (drafter.json + params.safetensors), or a shipped one ('default', 'v4')")
+                   help="a drafter directory (drafter.json + params.safetensors), or a shipped one "
+                   f"('default', {a.SHIPPED_NAMES})")
     p.add_argument("--data", type=Path, required=True, help="a directory written by `specformer distill`")
     p.add_argument("--all", action="store_true",
                    help="score every record (default: only those held out by the drafter's training split; "
@@ -50,7 +51,8 @@ def add_parsers(sub) -> None:
                        "head's cost; output stays lossless. The weights are written in bfloat16, as `train` "
                        "writes them.")
     a.add_model(p)
-    p.add_argument("--drafter", required=True, help="a drafter directory, or a shipped one ('default', 'v4')")
+    p.add_argument("--drafter", required=True,
+                   help=f"a drafter directory, or a shipped one ('default', {a.SHIPPED_NAMES})")
     p.add_argument("--data", required=True, help="distilled training data whose answers choose the vocabulary "
                    "(comma-separated directories, as `train`'s data)")
     p.add_argument("--size", type=a.kind(POSITIVE_INT), required=True, metavar="V'",
