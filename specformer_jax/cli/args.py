@@ -13,7 +13,7 @@ from specformer_jax.checks import FRACTION, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import probe_writable
 
-SHIPPED_NAMES = ", ".join(repr(name) for name in SHIPPED_DRAFTERS)  # the shipped drafters' names, quoted, for help texts
+SHIPPED_NAMES = ", ".join(repr(name) for name in SHIPPED_DRAFTERS)  # quoted, for help texts
 
 
 class Parser(argparse.ArgumentParser):
