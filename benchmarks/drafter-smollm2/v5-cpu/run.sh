@@ -34,7 +34,11 @@
 #   OUT=runs/v5-cpu-6 INIT=v6 ARMS=both-reach DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5 \
 #   STATES=runs/states-cpu-2000,runs/states-cpu-sp3,runs/states-cpu-sp4,runs/states-cpu-sp5 STEPS=700 \
 #   RESULTS=$D/v5-cpu-6 $D/v5-cpu/run.sh
-# The next session starts from v7 (INIT=v7) with a data set none of these has seen.
+# and session 7, which made v8 (../v5-cpu-7/README.md), from v7 on five data sets:
+#   S=runs/states-cpu; OUT=runs/v5-cpu-7 INIT=v7 ARMS=both-reach \
+#   DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5,$D/data-cpu-sp6 \
+#   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6 STEPS=700 RESULTS=$D/v5-cpu-7 $D/v5-cpu/run.sh
+# The next session starts from v8 (INIT=v8) with a data set none of these has seen.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
