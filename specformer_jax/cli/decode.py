@@ -35,11 +35,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
                    help=f"'default' (shipped for the default model; by name {a.SHIPPED_NAMES}), a drafter directory, "
-                        "'ngram' "
-                        "(drafts looked up in the prompt and answer so far: any model, no training; 'ngram:MIN-MAX' "
-                        "sets the n tried, default 1-4), 'default+ngram' or 'DIR+ngram' (per row the n-gram drafts "
-                        "when 2+ tokens match, else the drafter's), or 'none' for plain decoding; default: the shipped "
-                        "drafter when --model is default, else none")
+                        "'ngram' (drafts looked up in the prompt and answer so far: any model, no training; "
+                        "'ngram:MIN-MAX' sets the n tried, default 1-4), 'default+ngram' or 'DIR+ngram' (per row the "
+                        "n-gram drafts when 2+ tokens match, else the drafter's), or 'none' for plain decoding; "
+                        "default: the shipped drafter when --model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
                         "drafter alone: chosen per batch size from measured costs); default: all trained slots on a "
