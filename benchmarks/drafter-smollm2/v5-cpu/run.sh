@@ -38,10 +38,10 @@
 #   S=runs/states-cpu; OUT=runs/v5-cpu-7 INIT=v7 ARMS=both-reach \
 #   DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5,$D/data-cpu-sp6 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6 STEPS=700 RESULTS=$D/v5-cpu-7 $D/v5-cpu/run.sh
-# The next session starts from v8 (INIT=v8) with a data set none of these has seen. Its requests are sampled already:
-# self-prompts-7-{explain,write}.jsonl.gz, data-cpu-sp6's two commands with seeds 120000 and 130000 (7 min 35 s and
-# 6 min 30 s; new_prompts.py keeps 1,696 of the 1,700); distil them as data-cpu-sp6 was, then add them to
-# new_prompts.py's SEEN.
+# and session 8 (../v5-cpu-8/README.md), from v8 on six data sets:
+#   S=runs/states-cpu; OUT=runs/v5-cpu-8 INIT=v8 ARMS=both-reach \
+#   DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5,$D/data-cpu-sp6,$D/data-cpu-sp7 \
+#   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7 STEPS=700 RESULTS=$D/v5-cpu-8 $D/v5-cpu/run.sh
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
