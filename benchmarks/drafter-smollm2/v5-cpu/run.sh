@@ -42,9 +42,8 @@
 #   S=runs/states-cpu; OUT=runs/v5-cpu-8 INIT=v8 ARMS=both-reach \
 #   DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5,$D/data-cpu-sp6,$D/data-cpu-sp7 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7 STEPS=700 RESULTS=$D/v5-cpu-8 $D/v5-cpu/run.sh
-# The next session starts from v9 (INIT=v9) with a data set none of these has seen. Its requests are sampled already:
-# self-prompts-8-{explain,write}.jsonl.gz, data-cpu-sp6's two commands with seeds 140000 and 150000 (7 min 12 s and
-# 6 min 41 s; new_prompts.py, before they joined its SEEN, kept 1,690 of the 1,700); distil them as data-cpu-sp7 was.
+# The next session starts from v9 (INIT=v9) with a data set none of these has seen, distilled already:
+# ../data-cpu-sp8 (its README); cache its states (about 16 min), then train on all seven sets.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
