@@ -33,8 +33,8 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("specformer_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for asset in ("eval-prompts.jsonl", "builtin-prompts.json", "drafter-smollm2-135m-instruct/params.safetensors",
-                  "drafter-smollm2-135m-instruct-v8/params.safetensors",
-                  "drafter-smollm2-135m-instruct-v4/params.safetensors"):  # the default drafter, v8 and v4, by name
+                  "drafter-smollm2-135m-instruct-v9/params.safetensors",
+                  "drafter-smollm2-135m-instruct-v4/params.safetensors"):  # the default drafter, v9 and v4, by name
         assert f"specformer_jax/assets/{asset}" in names
     assert "pallas_kernels/cpu.cc" in names  # compiled on first use
     venv = tmp_path / "venv"

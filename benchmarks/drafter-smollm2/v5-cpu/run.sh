@@ -42,8 +42,11 @@
 #   S=runs/states-cpu; OUT=runs/v5-cpu-8 INIT=v8 ARMS=both-reach \
 #   DATA=$D/data-cpu-2000,$D/data-cpu-sp3,$D/data-cpu-sp4,$D/data-cpu-sp5,$D/data-cpu-sp6,$D/data-cpu-sp7 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7 STEPS=700 RESULTS=$D/v5-cpu-8 $D/v5-cpu/run.sh
-# The next session starts from v9 (INIT=v9) with a data set none of these has seen, distilled already:
-# ../data-cpu-sp8 (its README); cache its states (about 16 min), then train on all seven sets.
+# and session 9 (../v5-cpu-9/README.md), from v9 on seven data sets:
+#   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-9 INIT=v9 ARMS=both-reach \
+#   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8 \
+#   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8 STEPS=800 RESULTS=$D/v5-cpu-9 $D/v5-cpu/run.sh
+# The next session starts from v10 (INIT=v10) with a data set none of these has seen (see ../README.md).
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
