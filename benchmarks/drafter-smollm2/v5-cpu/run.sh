@@ -46,7 +46,7 @@
 #   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-9 INIT=v9 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8 STEPS=800 RESULTS=$D/v5-cpu-9 $D/v5-cpu/run.sh
-# The next session starts from v10 (INIT=v10) with a data set none of these has seen (see ../README.md).
+# The next session starts from v10 (INIT=v10) with a data set none of these has seen (../v5-cpu-9/README.md#reading).
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
