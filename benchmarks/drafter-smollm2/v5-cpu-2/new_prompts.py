@@ -1,5 +1,5 @@
 """Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl... --out NEW.jsonl [--num N]` drops
-every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 to -8)
+every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 to -9)
 and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them
 out)."""
 
@@ -22,7 +22,8 @@ SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent /
         HERE.parent / "self-prompts-5-questions.jsonl.gz", HERE.parent / "self-prompts-6-explain.jsonl.gz",
         HERE.parent / "self-prompts-6-write.jsonl.gz", HERE.parent / "self-prompts-7-explain.jsonl.gz",
         HERE.parent / "self-prompts-7-write.jsonl.gz", HERE.parent / "self-prompts-8-explain.jsonl.gz",
-        HERE.parent / "self-prompts-8-write.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
+        HERE.parent / "self-prompts-8-write.jsonl.gz", HERE.parent / "self-prompts-9-form.jsonl.gz",
+        HERE.parent / "self-prompts-9-tools.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl")
 
 
 def prompts(path: Path) -> list[str]:

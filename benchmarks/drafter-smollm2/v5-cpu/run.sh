@@ -46,7 +46,9 @@
 #   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-9 INIT=v9 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8 STEPS=800 RESULTS=$D/v5-cpu-9 $D/v5-cpu/run.sh
-# The next session starts from v10 (INIT=v10) with a data set none of these has seen (../v5-cpu-9/README.md#reading).
+# The next session starts from v10 (INIT=v10) with a data set none of these has seen, distilled already: ../data-cpu-sp9
+# (requests that set the answer's form, and programming requests; its README); cache its states (about 16 min), then
+# train on all eight sets.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
