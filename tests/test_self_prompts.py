@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +103,24 @@ def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n')
     argv = ["sample-prompts", *(a.format(tmp=tmp_path, ckpt=tiny_checkpoints["llama3"]) for a in args)]
     assert message in cli_error(argv)
+
+
+def test_new_prompts_keeps_only_requests_no_earlier_drafter_saw(tmp_path):
+    """benchmarks/drafter-smollm2/v5-cpu-2/new_prompts.py, which picks each CPU data set's requests: a prompt of a
+    committed set (case and spacing aside) and a repeat are dropped; a file with nothing new is one line and exit 2."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks/drafter-smollm2/v5-cpu-2/new_prompts.py"
+    with gzip.open(root / "benchmarks/drafter-smollm2/self-prompts-9-tools.jsonl.gz", "rt") as f:
+        seen = json.loads(f.readline())["prompt"]
+    fresh = "Write a haiku about a kettle that only boils on Tuesdays, then explain the joke."
+    sampled = tmp_path / "sampled.jsonl"
+    sampled.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("  " + seen.upper(), fresh, fresh.lower())))
+    out = tmp_path / "new.jsonl"
+    run = subprocess.run([sys.executable, script, sampled, "--out", out], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "kept 1 of 3"
+    assert lines(out) == [{"prompt": fresh}]
+    sampled.write_text(json.dumps({"prompt": seen}) + "\n")
+    out.unlink()
+    run = subprocess.run([sys.executable, script, sampled, "--out", out], capture_output=True, text=True)
+    assert run.returncode == 2 and not out.exists()
+    assert run.stderr.strip() == "new_prompts.py: none of the 1 sampled prompts is new; nothing written"

@@ -52,6 +52,9 @@ def main() -> None:
             seen.add(key)
             kept.append(p)
     kept = kept[: args.num]
+    if not kept:  # an empty prompts file would only fail later, in distill
+        print(f"new_prompts.py: none of the {len(sampled)} sampled prompts is new; nothing written", file=sys.stderr)
+        sys.exit(2)
     args.out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in kept))
     print(f"kept {len(kept)} of {len(sampled)}")
 
