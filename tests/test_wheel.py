@@ -12,6 +12,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+from specformer_jax.assets import SHIPPED_DRAFTERS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,9 +34,8 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
          source])
     (wheel,) = (tmp_path / "dist").glob("specformer_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for asset in ("eval-prompts.jsonl", "builtin-prompts.json", "drafter-smollm2-135m-instruct/params.safetensors",
-                  "drafter-smollm2-135m-instruct-v9/params.safetensors",
-                  "drafter-smollm2-135m-instruct-v4/params.safetensors"):  # the default drafter, v9 and v4, by name
+    drafters = [f"{path.name}/params.safetensors" for path in SHIPPED_DRAFTERS.values()]  # each one loadable by name
+    for asset in ("eval-prompts.jsonl", "builtin-prompts.json", *drafters):
         assert f"specformer_jax/assets/{asset}" in names
     assert "pallas_kernels/cpu.cc" in names  # compiled on first use
     venv = tmp_path / "venv"
