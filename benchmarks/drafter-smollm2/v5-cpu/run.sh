@@ -46,9 +46,13 @@
 #   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-9 INIT=v9 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8 STEPS=800 RESULTS=$D/v5-cpu-9 $D/v5-cpu/run.sh
-# The next session starts from v10 (INIT=v10) with a data set none of these has seen, distilled already: ../data-cpu-sp9
-# (requests that set the answer's form, and programming requests; its README); cache its states (about 16 min), then
-# train on all eight sets.
+# and session 10 (../v5-cpu-10/README.md), from v10 on eight data sets:
+#   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-10 INIT=v10 ARMS=both-reach \
+#   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9 \
+#   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8,$S-sp9 STEPS=850 RESULTS=$D/v5-cpu-10 $D/v5-cpu/run.sh
+# The next session starts from v11 (INIT=v11) with a data set none of these has seen, distilled already:
+# ../data-cpu-sp10 (programming requests; its README); cache its states if not cached (about 16 min), then train on
+# all nine sets.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
