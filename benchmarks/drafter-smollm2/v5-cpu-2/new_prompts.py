@@ -1,5 +1,5 @@
 """Keep the sampled prompts no earlier drafter saw: `new_prompts.py SAMPLED.jsonl... --out NEW.jsonl [--num N]` drops
-every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 to -9)
+every prompt (case and spacing aside) among the self-written training prompts before it (v2's, self-prompts-2 to -10)
 and the held-out chat prompts, and repeats; the benchmark prompts never get this far (sample-prompts leaves them
 out)."""
 
@@ -18,7 +18,7 @@ from specformer_jax.training.prompts import normalise_prompt
 HERE = Path(__file__).parent
 # self-prompts-SET.jsonl.gz, named one by one: a glob would count a new set's own prompts as seen before this filters
 SETS = ("2", "3", "4-code", "4-general", "5-code", "5-questions", "6-explain", "6-write", "7-explain", "7-write",
-        "8-explain", "8-write", "9-form", "9-tools")
+        "8-explain", "8-write", "9-form", "9-tools", "10-code", "10-tools")
 SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl",
         *(HERE.parent / f"self-prompts-{name}.jsonl.gz" for name in SETS))
 
