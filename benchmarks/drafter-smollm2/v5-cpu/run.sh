@@ -50,15 +50,19 @@
 #   S=runs/states-cpu; X=$D/data-cpu; OUT=runs/v5-cpu-10 INIT=v10 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9 \
 #   STATES=$S-2000,$S-sp3,$S-sp4,$S-sp5,$S-sp6,$S-sp7,$S-sp8,$S-sp9 STEPS=850 RESULTS=$D/v5-cpu-10 $D/v5-cpu/run.sh
-# The next session starts from v11 (INIT=v11) with a data set none of these has seen, distilled already:
-# ../data-cpu-sp10 (programming requests; its README); cache its states if not cached (about 16 min), then train on
-# all nine sets.
+# and session 11 (../v5-cpu-11/README.md), from v11 on nine data sets with the target run live (STATES=null; no
+# caches were kept from session 10, and a run that reads its data 0.3 times trains sooner live than after caching it):
+#   X=$D/data-cpu; OUT=runs/v5-cpu-11 INIT=v11 ARMS=both-reach \
+#   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10 STATES=null STEPS=600 \
+#   RESULTS=$D/v5-cpu-11 $D/v5-cpu/run.sh
+# The next session starts from v12 (INIT=v12) with one more data set none of these has seen; on a machine without
+# the caches, train live as session 11 did.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
 out=${OUT:-runs/v5-cpu}
 data=${DATA:-benchmarks/drafter-smollm2/data-cpu-2000}
-states=${STATES:-runs/states-cpu-2000}
+states=${STATES:-runs/states-cpu-2000}  # null: run the target live
 bench=${BENCH:-benchmarks/drafter-smollm2/v5-ablation/eval-bench}
 heldout=${HELDOUT:-benchmarks/drafter-smollm2/v5-cpu/eval-heldout}
 arms=${ARMS:-"control next_token next_token-reach"}
