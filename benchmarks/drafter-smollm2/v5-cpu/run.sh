@@ -55,8 +55,9 @@
 #   X=$D/data-cpu; OUT=runs/v5-cpu-11 INIT=v11 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10 STATES=null STEPS=600 \
 #   RESULTS=$D/v5-cpu-11 $D/v5-cpu/run.sh
-# The next session starts from v12 (INIT=v12) with one more data set none of these has seen; on a machine without
-# the caches, train live as session 11 did.
+# The next session starts from v12 (INIT=v12) with a data set none of these has seen, distilled already:
+# ../data-cpu-sp11 (programming requests; its README). Train on all ten sets; on a machine without the caches, live
+# (STATES=null) as session 11 did.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
