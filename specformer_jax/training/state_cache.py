@@ -76,9 +76,9 @@ def _hooked(target_cfg, target_params, tokens, hooks):
 def _shard_states(target, records: list[dict], hooks: tuple[int, ...], seq_len: int, batch_size: int,
                   done=lambda n: None) -> np.ndarray:
     """uint16 [tokens, hooks, d]: the bfloat16 bits of each record's states, records one after another. Records are
-    batched shortest first and put back in order: a batch pads to its longest record, which in data order costs
-    nearly half as many positions again as distilled answers hold, and shortest first about an eighth. done(n):
-    called after each batch of n records (the progress bar)."""
+    batched shortest first and put back in order: a batch pads to its longest record, so records of like lengths
+    together waste the fewest positions (docs/training.md gives the figures). done(n): called after each batch of n
+    records (the progress bar)."""
     order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
     parts = [None] * len(records)
     for i in range(0, len(order), batch_size):
