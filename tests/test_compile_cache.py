@@ -8,7 +8,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # three CLI runs of their own: kept out of `make test` for CI's time
 def test_the_cli_keeps_compiled_programs(tiny_checkpoints, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"input_ids": [5, 17, 3, 99]}) + "\n")

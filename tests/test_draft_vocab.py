@@ -167,6 +167,7 @@ def test_a_draft_vocabulary_is_saved_loaded_and_checked(tiny_checkpoints, tmp_pa
         load_drafter(tmp_path / "stray", target)
 
 
+@pytest.mark.slow  # CI time: test_train_cli.py makes a draft vocabulary for a trained drafter in `make test`
 def test_training_makes_and_ships_a_draft_vocabulary(tiny_checkpoints, tmp_path, monkeypatch):
     from test_training import config
 

@@ -165,8 +165,10 @@ def check_gradient(case, impl, num_splits=None):
 
 
 @pytest.mark.parametrize("impl,case", [
-    # the TPU interpreter is slow: its first case runs with the fast tests, the others with the slow ones
-    pytest.param(impl, case, marks=SLOW) if impl == "interpret_tpu" and i else (impl, case)
+    # the TPU interpreter is slow: its first case runs with the fast tests, the others with the slow ones; the
+    # interpreter's training case (the whole sequence new) too, as its ragged verify-like case takes the same path
+    pytest.param(impl, case, marks=SLOW) if (impl == "interpret_tpu" and i) or (impl == "interpret" and i == 1)
+    else (impl, case)
     for impl in GRAD_IMPLS for i, case in enumerate(GRAD_CASES)])
 def test_fused_backward_matches_the_reference_gradient(case, impl):
     check_gradient(case, impl)

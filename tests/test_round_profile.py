@@ -14,6 +14,7 @@ from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
 
 
+@pytest.mark.slow  # CI time: the CLI test below profiles end to end in `make test`, on one batch size and k
 def test_profile_document():
     model = load_target("random:tiny", dtype="float32")
     drafter = load_drafter("random", model)

@@ -32,17 +32,24 @@ def test_prefix_is_the_chat_template_up_to_the_user_message(model):
     assert text.endswith("<|im_start|>user\n") and text.startswith("<|im_start|>system\n")
 
 
-def test_a_system_message_replaces_the_default_one_in_the_prefix_and_the_sampling(model, tmp_path, monkeypatch):
-    system = "You are a programming assistant."
-    prefix = sp.user_turn_prefix(model, system)
-    assert model.tokenizer.decode(prefix) == f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+SYSTEM = "You are a programming assistant."
+
+
+def test_a_system_message_replaces_the_default_one_in_the_prefix(model):
+    prefix = sp.user_turn_prefix(model, SYSTEM)
+    assert model.tokenizer.decode(prefix) == f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+    with pytest.raises(SpecformerError, match="system message is empty"):
+        sp.user_turn_prefix(model, "  ")
+
+
+@pytest.mark.slow  # CI time: sampling under the default system message runs in `make test` (the tests below)
+def test_requests_are_sampled_after_the_system_messages_prefix(model, tmp_path, monkeypatch):
+    prefix = sp.user_turn_prefix(model, SYSTEM)
     seen = []
     real = sp.generate
     monkeypatch.setattr(sp, "generate", lambda m, prompts, **kw: seen.append(prompts[0]) or real(m, prompts, **kw))
-    sp.sample_prompts(model, 2, tmp_path / "p.jsonl", seed=3, system=system, **KW)
+    sp.sample_prompts(model, 2, tmp_path / "p.jsonl", seed=3, system=SYSTEM, **KW)
     assert seen and all(p == prefix for p in seen)
-    with pytest.raises(SpecformerError, match="system message is empty"):
-        sp.user_turn_prefix(model, "  ")
 
 
 @pytest.fixture(scope="module")

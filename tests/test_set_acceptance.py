@@ -114,6 +114,7 @@ def test_set_acceptance_needs_speculative_decoding_with_a_fixed_draft_len(tiny):
         load_target("random:gpt-9")
 
 
+@pytest.mark.slow  # CI time: the set law and bench are each tested in `make test`; this runs them together
 def test_bench_on_a_random_model_with_set_acceptance_runs_into_report(tmp_path, capsys):
     out, md = tmp_path / "bench.json", tmp_path / "report.md"
     assert main(["bench", "--model", "random:tiny", "--set-acceptance", "0.5,0.9", "--batch-sizes", "1,2",

@@ -115,7 +115,7 @@ def variant_drafter(model, variant: str):
     return LoadedDrafter(cfg, params, {})
 
 
-@pytest.mark.parametrize("variant", ["paper", "draft_vocab", "ngram", "hybrid",
+@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("ngram", marks=pytest.mark.slow), "hybrid",
                                      pytest.param("slots", marks=pytest.mark.slow),
                                      pytest.param("context", marks=pytest.mark.slow)])
 def test_speculative_samples_follow_the_target_distribution(model, drafter, variant):
@@ -143,6 +143,7 @@ def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch)
     assert chi_square_pvalue(samples, joint) < 1e-6
 
 
+@pytest.mark.slow  # CI time: the power check above runs in `make test`, this variant's with -m slow
 def test_the_test_catches_a_hybrid_that_verifies_with_the_wrong_q(model, monkeypatch):
     """The power check for the hybrid: n-gram rows verified against the drafter's q instead of their point mass."""
     real = hybrid.point_mass
@@ -157,6 +158,7 @@ def test_the_test_catches_a_hybrid_that_verifies_with_the_wrong_q(model, monkeyp
     assert chi_square_pvalue(samples, joint) < 1e-6
 
 
+@pytest.mark.slow  # CI time: the power check above runs in `make test`, this variant's with -m slow
 def test_the_test_catches_a_draft_vocabulary_q_left_unmapped(model, monkeypatch):
     """The same power check for a draft vocabulary: q over V' written at token ids 0..V'-1 instead of at its tokens."""
     real = speculative.choose_drafts
