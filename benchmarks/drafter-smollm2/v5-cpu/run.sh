@@ -55,9 +55,12 @@
 #   X=$D/data-cpu; OUT=runs/v5-cpu-11 INIT=v11 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10 STATES=null STEPS=600 \
 #   RESULTS=$D/v5-cpu-11 $D/v5-cpu/run.sh
-# The next session starts from v12 (INIT=v12) with a data set none of these has seen, distilled already:
-# ../data-cpu-sp11 (programming requests; its README). Train on all ten sets; on a machine without the caches, live
-# (STATES=null) as session 11 did.
+# and session 12 (../v5-cpu-12/README.md), from v12 on all ten data sets, live; level with v12, not shipped:
+#   X=$D/data-cpu; OUT=runs/v5-cpu-12 INIT=v12 ARMS=both-reach \
+#   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10,$X-sp11 STATES=null STEPS=600 \
+#   RESULTS=$D/v5-cpu-12 $D/v5-cpu/run.sh
+# A new set a session no longer paid on the benchmark prompts there. A next session can continue that run's drafter
+# (INIT=$D/v5-cpu-12/drafter-both-reach) for more steps on the same ten sets, whose curve still rose at step 600.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
