@@ -1,7 +1,7 @@
 """The `specformer` command: one module per command group (decode: generate; data: sample-prompts, distill,
-pack-data, cache-states; train: train, eval-drafter, draft-vocab; bench: bench, profile-round, bench-kernels,
-report), the argument types they share in args.py. Bad input is one line on stderr and exit status 2, never a
-traceback."""
+pack-data, cache-states; train: train, eval-drafter, draft-vocab, average-drafters; bench: bench, profile-round,
+bench-kernels, report), the argument types they share in args.py. Bad input is one line on stderr and exit status 2,
+never a traceback."""
 
 from __future__ import annotations
 

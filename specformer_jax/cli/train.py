@@ -1,5 +1,5 @@
-"""`specformer train`, `specformer eval-drafter` and `specformer draft-vocab`: train a drafter on distilled data,
-measure one, and give a trained one a draft vocabulary."""
+"""`specformer train`, `eval-drafter`, `draft-vocab` and `average-drafters`: train a drafter on distilled data,
+measure one, give a trained one a draft vocabulary, and average drafters of one shape."""
 
 from __future__ import annotations
 
@@ -60,6 +60,17 @@ def add_parsers(sub) -> None:
     p.add_argument("--eval-data", help="distilled data to report the vocabulary's coverage on (dir1,dir2)")
     p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
     p.set_defaults(func=run_draft_vocab)
+
+    p = sub.add_parser("average-drafters", help="a drafter whose weights are the mean of several drafters'",
+                       description="Write a drafter whose weights are the mean of --drafters' (one shape, one target: "
+                       "e.g. a drafter and the one continued from it). Its draft vocabulary and settings are the "
+                       "last drafter's. Measure it (eval-drafter --save) before using it: an average can accept "
+                       "more than each drafter, or less.")
+    a.add_model(p)
+    p.add_argument("--drafters", required=True, metavar="A,B[,...]",
+                   help=f"at least two drafter directories or shipped drafters ('default', {a.SHIPPED_NAMES})")
+    p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
+    p.set_defaults(func=run_average_drafters)
 
 
 def run_train(args) -> int:
@@ -151,3 +162,27 @@ def _write_draft_vocab(args, target, drafter) -> dict:
     save_drafter(args.out, dataclasses.replace(drafter.cfg, draft_vocab_size=args.size),
                  drafter.params.replace(vocab=vocab), target.cfg, meta=file_meta(drafter.meta), vocab_meta=meta)
     return meta
+
+
+def run_average_drafters(args) -> int:
+    from specformer_jax.checkpoints.drafter_io import VOCAB_KEY, file_meta, load_drafter, save_drafter
+    from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.training.averaging import average_drafters
+
+    if (args.out / "drafter.json").exists():
+        raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
+    names = [name.strip() for name in args.drafters.split(",") if name.strip()]
+    if len(names) < 2:
+        raise SpecformerError(f"--drafters: give at least two drafters, comma-separated (got {len(names)})")
+    if "random" in names:
+        raise SpecformerError("--drafters: random has no trained weights to average: give trained drafters")
+    target = load_target(args.model)
+    drafters = [load_drafter(name, target) for name in names]
+    cfg, params = average_drafters(drafters)
+    last = drafters[-1]
+    sources = [{"drafter": name, "sha256": d.sha256} for name, d in zip(names, drafters)]
+    save_drafter(args.out, cfg, params, target.cfg, meta={**file_meta(last.meta), "averaged_from": sources},
+                 vocab_meta=last.meta.get(VOCAB_KEY))
+    print(f"specformer: {args.out}: the mean of {len(names)} drafters, with the last one's draft vocabulary; "
+          "measure it (eval-drafter --save, what --draft-len auto reads)", file=sys.stderr)
+    return 0

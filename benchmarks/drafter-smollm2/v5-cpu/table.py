@@ -1,5 +1,6 @@
 """The v5-on-the-CPU table, numbers and curves from its runs: `table.py RUNS --out DIR` reads every arm under RUNS
-(v4: the shipped drafter's evals only) and writes arms.json, table.md, curves.png and each trained arm's
+(v4: the shipped drafter's evals only; an arm without metrics.jsonl: a drafter made otherwise, e.g. by
+`specformer average-drafters`, and its evals) and writes arms.json, table.md, curves.png and each trained arm's
 metrics-ARM.jsonl into DIR (run.sh calls it)."""
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def main() -> None:
     numbers = {arm: arm_numbers(args.runs / arm) for arm in arms}
     args.out.mkdir(parents=True, exist_ok=True)  # a new session's folder
     for arm in arms[1:]:
-        shutil.copy(args.runs / arm / "metrics.jsonl", args.out / f"metrics-{arm}.jsonl")
+        if (args.runs / arm / "metrics.jsonl").is_file():  # an arm that averages drafters has no run of its own
+            shutil.copy(args.runs / arm / "metrics.jsonl", args.out / f"metrics-{arm}.jsonl")
     (args.out / "arms.json").write_text(json.dumps(numbers, indent=1) + "\n")
     text = table(numbers)
     (args.out / "table.md").write_text(text)
