@@ -3,8 +3,8 @@ the same stats (accepted lengths, per-slot acceptance, rounds); greedy speculati
 recorded there. And after decoding, the weights live once. v4's file was first recorded with the code of commit
 0f42673 (before the drafter became a typed value); rewritten when v4 shipped with its draft vocabulary (issue 34): the
 greedy case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution and so
-samples other (equally distributed) tokens. v11's was recorded when it shipped as the default (issue 33), and
-kept, renamed, when v12 replaced it; v12's when it shipped. All on the 2-core CPU machine.
+samples other (equally distributed) tokens. v12's was recorded when it shipped as the default (issue 33), and
+kept, renamed, when v14 replaced it; v14's when it shipped. All on the 2-core CPU machine.
 
 A file is rewritten only by hand, for a change that is meant to alter drafting:
 SPECFORMER_WRITE_EXPECTED=1 pytest tests/test_shipped_drafter.py (and say why in the commit)."""
@@ -25,7 +25,7 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 
 DATA = Path(__file__).parent / "data"
-EXPECTED = {"default": DATA / "shipped_drafter.json", "v11": DATA / "shipped_drafter_v11.json",
+EXPECTED = {"default": DATA / "shipped_drafter.json", "v12": DATA / "shipped_drafter_v12.json",
             "v4": DATA / "shipped_drafter_v4.json"}  # by drafter name
 PROMPTS = ["What is the capital of France?", "Write one sentence about why the sky is blue.",
            "Give me three tips for writing clear Python code."]
@@ -84,16 +84,16 @@ def test_the_weights_live_once_after_decoding(model, decoded):
 
 
 def test_the_shipped_drafters_load_by_name(model, tmp_path, monkeypatch):
-    """"default" is v12 (v11 trained further, the same shape), "v11" and "v4" drafters before it (v11 sees
-    the emitted token at its slots and its context layer, v4 does not); v5 to v10 are no longer shipped; a directory
-    that shares a name is given as ./NAME."""
-    v4, v11, v12 = (load_drafter(name, model) for name in ("v4", "v11", "default"))
+    """"default" is v14 (v12 averaged with two continuations of it, the same shape), "v12" and "v4" drafters before
+    it (v12 sees the emitted token at its slots and its context layer, v4 does not); v5 to v11 are no longer shipped
+    and v13 never was; a directory that shares a name is given as ./NAME."""
+    v4, v12, v14 = (load_drafter(name, model) for name in ("v4", "v12", "default"))
     assert not v4.cfg.next_token_input and not v4.cfg.context_token_input
-    assert v11.cfg.next_token_input and v11.cfg.context_token_input and v12.cfg == v11.cfg
-    assert load_drafter("v12", model).sha256 == v12.sha256 and len({v4.sha256, v11.sha256, v12.sha256}) == 3
-    for gone in ("v5", "v6", "v7", "v8", "v9", "v10"):
-        with pytest.raises(SpecformerError, match=r"shipped drafter: default, v12, v11, v4"):
+    assert v12.cfg.next_token_input and v12.cfg.context_token_input and v14.cfg == v12.cfg
+    assert load_drafter("v14", model).sha256 == v14.sha256 and len({v4.sha256, v12.sha256, v14.sha256}) == 3
+    for gone in ("v5", "v10", "v11", "v13"):
+        with pytest.raises(SpecformerError, match=r"shipped drafter: default, v14, v12, v4"):
             load_drafter(gone, model)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SpecformerError, match=r"v4 does not exist .*shipped drafter: default, v12, v11, v4"):
+    with pytest.raises(SpecformerError, match=r"v4 does not exist .*shipped drafter: default, v14, v12, v4"):
         load_drafter("./v4", model)

@@ -5,10 +5,10 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parent
 # The drafters trained for the default model, by name (`--drafter v4`); "default" is the newest, the one measured best
 # (the default, the one it replaced, and v4, the last trained from scratch; earlier ones live in benchmarks/).
-SHIPPED_DRAFTERS = {"v12": ASSETS / "drafter-smollm2-135m-instruct",
-                    "v11": ASSETS / "drafter-smollm2-135m-instruct-v11",
+SHIPPED_DRAFTERS = {"v14": ASSETS / "drafter-smollm2-135m-instruct",
+                    "v12": ASSETS / "drafter-smollm2-135m-instruct-v12",
                     "v4": ASSETS / "drafter-smollm2-135m-instruct-v4"}
-DEFAULT_DRAFTER = SHIPPED_DRAFTERS["v12"]
+DEFAULT_DRAFTER = SHIPPED_DRAFTERS["v14"]
 BUILTIN_PROMPTS = ASSETS / "builtin-prompts.json"  # word lists and templates of the built-in training prompts
 EVAL_PROMPTS = ASSETS / "eval-prompts.jsonl"  # the benchmark prompts drafters are measured on; never training data
 CODE_PROMPTS = ASSETS / "code-prompts.jsonl"  # benchmark prompts asking for code

@@ -59,8 +59,13 @@
 #   X=$D/data-cpu; OUT=runs/v5-cpu-12 INIT=v12 ARMS=both-reach \
 #   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10,$X-sp11 STATES=null STEPS=600 \
 #   RESULTS=$D/v5-cpu-12 $D/v5-cpu/run.sh
-# A new set a session no longer paid on the benchmark prompts there. A next session can continue that run's drafter
-# (INIT=$D/v5-cpu-12/drafter-both-reach) for more steps on the same ten sets, whose curve still rose at step 600.
+# and session 13 (../v5-cpu-13/README.md), that run's drafter on the same ten sets at a third of the learning rate;
+# then v14, the average of v12 and the two continuations (specformer average-drafters --drafters
+# v12,$D/v5-cpu-12/drafter-both-reach,$D/v5-cpu-13/drafter-both-reach):
+#   X=$D/data-cpu; OUT=runs/v5-cpu-13 INIT=$D/v5-cpu-12/drafter-both-reach ARMS=both-reach \
+#   DATA=$X-2000,$X-sp3,$X-sp4,$X-sp5,$X-sp6,$X-sp7,$X-sp8,$X-sp9,$X-sp10,$X-sp11 STATES=null STEPS=600 LR=1e-4 \
+#   RESULTS=$D/v5-cpu-13 $D/v5-cpu/run.sh
+# An arm made otherwise (an average: runs/v5-cpu-N/NAME/drafter with its evals) enters table.py's table too.
 set -euo pipefail
 
 bin=${SPECFORMER:-specformer}
