@@ -1,6 +1,6 @@
 """`specformer average-drafters`: the weights are the mean of the drafters' (against numpy over their files), the
-draft vocabulary the last one's, the sources recorded; drafters of other shapes, one drafter alone and an occupied
---out are refused in one line."""
+draft vocabulary (or none) and settings the last one's, the sources recorded, no eval carried over; drafters of other
+shapes, one drafter alone, the same drafter twice and an occupied --out are refused in one line."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ def target(tiny_checkpoints):
 
 
 def saved(target, path, seed, size=32, **kw):
-    """A random drafter with a draft vocabulary of `size` random ids, written in float32 (as training keeps it)."""
+    """A random drafter with a draft vocabulary of `size` random ids (None: the whole vocabulary), written in float32
+    (as training keeps it), with an eval of its own."""
     cfg = DrafterConfig(num_slots=kw.pop("num_slots", 3), draft_vocab_size=size, next_token_input=True, **kw)
-    ids = np.sort(np.random.default_rng(seed).choice(target.cfg.vocab_size, size, replace=False))
+    rng = np.random.default_rng(seed)
+    ids = None if size is None else np.sort(rng.choice(target.cfg.vocab_size, size, replace=False))
     save_drafter(path, cfg, init_drafter(target.cfg, cfg, jax.random.key(seed), ids), target.cfg, dtype="float32",
-                 meta={"train_config": {"seed": seed}})
+                 meta={"train_config": {"seed": seed}, "eval": {"acceptance_rate_per_slot": [0.5, 0.3, 0.1]}})
     return path
 
 
@@ -55,6 +57,7 @@ def test_the_average_is_the_mean_of_the_weights_with_the_last_vocabulary(target,
     assert meta["averaged_from"] == [{"drafter": str(p), "sha256": file_sha256(p / "params.safetensors")}
                                      for p in paths]
     assert meta["train_config"] == {"seed": 2} and meta["drafter"]["draft_vocab_size"] == 32
+    assert "eval" not in meta  # the sources' acceptance is not the average's (--draft-len auto reads it)
     assert load_drafter(out, loaded).cfg == load_drafter(paths[-1], loaded).cfg
 
 
@@ -67,5 +70,10 @@ def test_drafters_that_cannot_be_averaged_are_refused_in_one_line(target, tmp_pa
     assert "at least two drafters" in cli_error(run + [f"{a},"])
     assert "random has no trained weights" in cli_error(run + [f"{a},random"])
     assert "does not exist" in cli_error(run + [f"{a},{tmp_path / 'none'}"])
+    assert "drafters 1 and 2 are the same file" in cli_error(run + [f"{a},{tmp_path}/./a"])
     assert main(run + [f"{a},{b}"]) == 0
+    assert load_drafter(tmp_path / "out", loaded).cfg.draft_vocab_size == 40  # the last one's vocabulary
     assert "already holds a drafter" in cli_error(run + [f"{a},{b}"])
+    whole = saved(loaded, tmp_path / "whole", 3, size=None)  # the whole vocabulary last: the average drafts over it
+    assert main(run[:4] + [str(tmp_path / "out2"), "--drafters", f"{a},{whole}"]) == 0
+    assert "draft_vocab" not in read_safetensors(tmp_path / "out2" / "params.safetensors")

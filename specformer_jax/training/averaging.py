@@ -22,6 +22,11 @@ def average_drafters(drafters: Sequence[LoadedDrafter]) -> tuple[DrafterConfig, 
     drafters may differ in it, not in any other setting."""
     if len(drafters) < 2:
         raise SpecformerError(f"averaging needs at least two drafters, got {len(drafters)}")
+    files = [d.sha256 for d in drafters]
+    for i, sha in enumerate(files):
+        if sha is not None and sha in files[:i]:
+            raise SpecformerError(f"drafters {files.index(sha) + 1} and {i + 1} are the same file (params sha256 "
+                                  f"{sha[:12]}...): give each drafter once")
     shape = [dataclasses.replace(d.cfg, draft_vocab_size=None) for d in drafters]
     for i, cfg in enumerate(shape[1:], 1):
         if cfg != shape[0]:
