@@ -19,19 +19,17 @@ from specformer_jax.modeling.loaded import LoadedDrafter
 def average_drafters(drafters: Sequence[LoadedDrafter]) -> tuple[DrafterConfig, DrafterParams]:
     """(the last drafter's settings, the drafters' weights averaged in float32 and cast back to the last one's dtypes,
     with the last one's draft vocabulary). The head is the target's, so a drafter's vocabulary only chooses its rows:
-    drafters may differ in it, not in any other setting."""
-    if len(drafters) < 2:
-        raise SpecformerError(f"averaging needs at least two drafters, got {len(drafters)}")
+    drafters may differ in it, not in any other setting. The CLI asks for two or more."""
     files = [d.sha256 for d in drafters]
     for i, sha in enumerate(files):
         if sha is not None and sha in files[:i]:
             raise SpecformerError(f"drafters {files.index(sha) + 1} and {i + 1} are the same file (params sha256 "
                                   f"{sha[:12]}...): give each drafter once")
-    shape = [dataclasses.replace(d.cfg, draft_vocab_size=None) for d in drafters]
+    shape = [dataclasses.asdict(dataclasses.replace(d.cfg, draft_vocab_size=None)) for d in drafters]
     for i, cfg in enumerate(shape[1:], 1):
         if cfg != shape[0]:
-            diff = ", ".join(f"{f.name} {getattr(shape[0], f.name)} against {getattr(cfg, f.name)}"
-                             for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(shape[0], f.name))
+            diff = ", ".join(f"{name} {shape[0][name]} against {value}" for name, value in cfg.items()
+                             if value != shape[0][name])
             raise SpecformerError(f"drafter {i + 1}'s settings differ from the first's ({diff}): only drafters of "
                                   "one shape can be averaged")
     last = drafters[-1]
