@@ -26,10 +26,10 @@ import numpy as np
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import make_plan
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.timing import measure_costs
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine.plan import make_plan
+from specformer_jax.decoding.tuning.timing import measure_costs
 from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter

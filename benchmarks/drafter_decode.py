@@ -33,7 +33,7 @@ from specformer_jax.assets import prompt_set
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli.args import parse_drafter
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.drafters import specformer_part
+from specformer_jax.decoding.drafts.kinds import specformer_part
 from specformer_jax.decoding.encode import read_prompts_file
 
 

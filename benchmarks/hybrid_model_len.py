@@ -22,7 +22,7 @@ from drafter_decode import batch_row  # noqa: E402
 
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
 from specformer_jax.cli.args import parse_drafter  # noqa: E402
-from specformer_jax.decoding import drafters  # noqa: E402
+from specformer_jax.decoding.drafts import kinds as drafters  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 
 

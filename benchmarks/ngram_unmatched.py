@@ -23,8 +23,8 @@ from drafter_decode import batch_row  # noqa: E402
 
 from specformer_jax.assets import prompt_set  # noqa: E402
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
+from specformer_jax.decoding.drafts.ngram import NgramDrafts  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
-from specformer_jax.decoding.ngram import NgramDrafts  # noqa: E402
 
 
 @struct.dataclass

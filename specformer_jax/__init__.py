@@ -9,26 +9,26 @@ imported on first use, so a `specformer` command loads only the layers it runs.
 import importlib
 
 _EXPORTS = {
-    "AutoDraftLen": "specformer_jax.decoding.tuner",
-    "DecodeRecords": "specformer_jax.decoding.records",
+    "AutoDraftLen": "specformer_jax.decoding.tuning.tuner",
+    "DecodeRecords": "specformer_jax.decoding.tuning.records",
     "DrafterConfig": "specformer_jax.config",
     "GenerationResult": "specformer_jax.decoding.api",
-    "Hybrid": "specformer_jax.decoding.hybrid",
+    "Hybrid": "specformer_jax.decoding.drafts.hybrid",
     "LoadedDrafter": "specformer_jax.checkpoints.drafter_io",
     "LoadedTarget": "specformer_jax.checkpoints.loader",
-    "NgramDrafts": "specformer_jax.decoding.ngram",
+    "NgramDrafts": "specformer_jax.decoding.drafts.ngram",
     "SpecformerError": "specformer_jax.errors",
     "TargetConfig": "specformer_jax.config",
     "TrainConfig": "specformer_jax.training.train_config",
-    "distill": "specformer_jax.training.distill",
+    "distill": "specformer_jax.training.data.distill",
     "evaluate_drafter": "specformer_jax.training.evaluate",
     "generate": "specformer_jax.decoding.api",
     "generate_stream": "specformer_jax.decoding.api",
     "load_drafter": "specformer_jax.checkpoints.drafter_io",
     "load_target": "specformer_jax.checkpoints.loader",
     "load_train_config": "specformer_jax.training.train_config",
-    "read_distilled": "specformer_jax.training.dataset",
-    "sample_prompts": "specformer_jax.training.self_prompts",
+    "read_distilled": "specformer_jax.training.data.dataset",
+    "sample_prompts": "specformer_jax.training.data.self_prompts",
     "train": "specformer_jax.training.trainer",
 }
 __all__ = sorted(_EXPORTS)

@@ -27,7 +27,7 @@ def _decoding_records_stay_out_of_the_user_cache(monkeypatch, tmp_path_factory):
     records go to a fresh directory, so tests neither teach the developer's own cache nor read what other tests
     decoded; a test that sets SPECFORMER_CACHE itself gets that directory. (The default model's GGUF, also under
     the cache, is still found where it is.)"""
-    from specformer_jax.decoding import records
+    from specformer_jax.decoding.tuning import records
 
     real, fresh = records.records_directory, tmp_path_factory.mktemp("records")
     monkeypatch.setattr(records, "records_directory", lambda: real() if os.environ.get("SPECFORMER_CACHE") else fresh)

@@ -238,7 +238,7 @@ def test_a_drafter_for_another_target_is_refused_before_decoding(tiny_model, tin
 
 
 def test_distill_checks_its_arguments_before_writing(tiny_model, tmp_path):
-    from specformer_jax.training.distill import distill
+    from specformer_jax.training.data.distill import distill
 
     with pytest.raises(SpecformerError, match="max_new_tokens must be a positive integer"):
         distill(tiny_model, [[1, 5]], tmp_path / "d", max_new_tokens=0, progress=False)
@@ -301,7 +301,7 @@ def test_a_path_where_a_loaded_model_goes_is_one_line(model, tmp_path):
     """Each raised a raw AttributeError: the functions take what load_target returns."""
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.decoding.api import generate_stream
-    from specformer_jax.training.distill import distill
+    from specformer_jax.training.data.distill import distill
     from specformer_jax.training.evaluate import evaluate_drafter
 
     expected = r"must be a loaded target \(what load_target\(path\) returns\), got"
@@ -323,7 +323,7 @@ def test_unknown_keywords_name_the_public_function(tiny_model):
 
 def test_more_builtin_prompts_than_the_lists_make_is_refused_before_any_work(cli_error, tmp_path):
     """It generated prompts for ~460 s before saying so."""
-    from specformer_jax.training.prompts import builtin_capacity
+    from specformer_jax.training.data.prompts import builtin_capacity
 
     line = cli_error(["distill", "--builtin-prompts", "100000000", "--out", str(tmp_path / "d")])
     assert f"cannot make 100,000,000 distinct built-in prompts: the built-in lists make {builtin_capacity():,}" in line

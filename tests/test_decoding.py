@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits
 
 ROWS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
 

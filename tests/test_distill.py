@@ -12,11 +12,11 @@ from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
 from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training import distill as distill_mod
-from specformer_jax.training import prompts as prompts_mod
-from specformer_jax.training.dataset import read_distilled
-from specformer_jax.training.distill import distill
-from specformer_jax.training.prompts import builtin_prompts
+from specformer_jax.training.data import distill as distill_mod
+from specformer_jax.training.data import prompts as prompts_mod
+from specformer_jax.training.data.dataset import read_distilled
+from specformer_jax.training.data.distill import distill
+from specformer_jax.training.data.prompts import builtin_prompts
 
 # Ragged token-id prompts (the tiny checkpoints have no tokenizer). 6 prompts in shards of 2 = 3 shards.
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 20, 21, 22, 23, 24, 25], [1, 3, 3], [1, 99, 42, 17, 8], [1, 64]]

@@ -12,14 +12,14 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import cost_model as cm
-from specformer_jax.decoding import records as rec
-from specformer_jax.decoding import runner, timing
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.chunk import run_chunk
-from specformer_jax.decoding.drafters import default_draft_len
-from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
+from specformer_jax.decoding.drafts.kinds import default_draft_len
+from specformer_jax.decoding.engine import runner, timing
+from specformer_jax.decoding.engine.chunk import run_chunk
+from specformer_jax.decoding.tuning import cost_model as cm
+from specformer_jax.decoding.tuning import records as rec
+from specformer_jax.decoding.tuning.records import DecodeRecords
+from specformer_jax.decoding.tuning.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter

@@ -16,16 +16,16 @@ from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.checkpoints.safetensors_io import read_safetensors
 from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.plan import DecodePlan
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits
-from specformer_jax.decoding.scheduler import decode_requests, run_to_end
-from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter, check_drafter_fits
 from specformer_jax.modeling.target import Target
-from specformer_jax.training.draft_vocab import answer_token_counts, coverage, draft_vocabulary
+from specformer_jax.training.data.draft_vocab import answer_token_counts, coverage, draft_vocabulary
 from specformer_jax.training.loss import chunked_slot_ce, slot_targets
 
 N = 20

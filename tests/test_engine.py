@@ -18,12 +18,12 @@ from test_speculative import OracleSource
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate, generate_stream
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import DecodePlan, make_plan
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.scheduler import Interrupted, decode_requests, run_to_end
-from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine.plan import DecodePlan, make_plan
+from specformer_jax.decoding.engine.scheduler import Interrupted, decode_requests, run_to_end
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target

@@ -286,8 +286,8 @@ def test_missing_peer_is_one_error_line_within_the_timeout(rank, tmp_path):
 
 def write_distilled(path: Path, n: int = 48, seed: int = 1) -> Path:
     """A small dataset in the `specformer distill` format (random prompts and answers)."""
-    from specformer_jax.training.dataset import FORMAT, shard_name
-    from specformer_jax.training.distill import shard_text, write_manifest
+    from specformer_jax.training.data.dataset import FORMAT, shard_name
+    from specformer_jax.training.data.distill import shard_text, write_manifest
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 128, 8).tolist() for _ in range(n)]

@@ -24,6 +24,12 @@ LAYERS = [
 ]
 APART = [("specformer_jax.modeling", "specformer_jax.checkpoints"),  # checkpoints load into modeling, not back
          ("specformer_jax.training", "specformer_jax.bench"), ("specformer_jax.bench", "specformer_jax.training")]
+# Layers inside a package, lowest first, the same rule: the package's own modules (its API) sit above them all.
+SUBLAYERS = {
+    "specformer_jax.decoding": ["acceptance", "engine", "drafts", "tuning"],
+    "specformer_jax.training": ["data"],
+}
+MAX_FOLDER_MODULES = 12  # modules in one folder, its __init__ not counted
 LONG_FUNCTIONS: set[tuple[str, str]] = set()  # (module, function) allowed past MAX_FUNCTION_LINES
 MAX_FUNCTION_LINES = 70
 
@@ -75,6 +81,28 @@ def test_imports_go_one_way(graph):
     wrong = [f"{m} imports {i}" for m, deps in graph.items() for i in deps
              if layer(i) > layer(m) or any(within(m, a) and within(i, b) for a, b in APART)]
     assert not wrong
+
+
+def sublayer(module: str, package: str) -> int:
+    subs = SUBLAYERS[package]
+    rest = module[len(package) + 1:].split(".")[0]
+    return subs.index(rest) if rest in subs else len(subs)
+
+
+def test_imports_go_one_way_inside_decoding_and_training(graph):
+    wrong = [f"{m} imports {i}" for pkg in SUBLAYERS for m, deps in graph.items() for i in deps
+             if within(m, pkg) and within(i, pkg) and m != pkg and sublayer(i, pkg) > sublayer(m, pkg)]
+    assert not wrong
+
+
+def test_no_folder_holds_too_many_modules():
+    full = {}
+    for pkg in PACKAGES:
+        for folder in [ROOT / pkg, *(p for p in (ROOT / pkg).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+            count = len([f for f in folder.glob("*.py") if f.name != "__init__.py"])
+            if count > MAX_FOLDER_MODULES:
+                full[str(folder.relative_to(ROOT))] = count
+    assert not full
 
 
 def test_no_import_circle(graph):

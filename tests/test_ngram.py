@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specformer_jax.decoding.ngram import NgramDrafts, TokenHistory, lookup, parse_ngram
+from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup, parse_ngram
 from specformer_jax.errors import SpecformerError
 
 

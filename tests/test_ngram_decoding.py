@@ -14,13 +14,13 @@ from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli.args import parse_drafter
 from specformer_jax.config import DrafterConfig
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.drafters import default_draft_len, draft_source, max_draft_len
-from specformer_jax.decoding.hybrid import Hybrid, HybridDrafts
-from specformer_jax.decoding.ngram import NgramDrafts
-from specformer_jax.decoding.plan import make_plan
-from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
+from specformer_jax.decoding.drafts.kinds import default_draft_len, draft_source, max_draft_len
+from specformer_jax.decoding.drafts.ngram import NgramDrafts
+from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter

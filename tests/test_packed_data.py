@@ -10,9 +10,9 @@ import pytest
 
 from specformer_jax.cli import main
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training.dataset import FORMAT, load_records, read_distilled
-from specformer_jax.training.distill import shard_text, write_manifest
-from specformer_jax.training.packed import pack
+from specformer_jax.training.data.dataset import FORMAT, load_records, read_distilled
+from specformer_jax.training.data.distill import shard_text, write_manifest
+from specformer_jax.training.data.packed import pack
 
 
 def distilled(path, vocab_size=128, num_shards=3, per_shard=4, complete=True, seed=0):

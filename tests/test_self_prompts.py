@@ -12,8 +12,8 @@ import pytest
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training import self_prompts as sp
-from specformer_jax.training.prompts import normalise_prompt
+from specformer_jax.training.data import self_prompts as sp
+from specformer_jax.training.data.prompts import normalise_prompt
 
 KW = dict(max_new_tokens=48, batch_size=8, progress=False)
 

@@ -16,15 +16,15 @@ import pytest
 from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
-from specformer_jax.decoding import runner
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.set_acceptance import SetAcceptance, law_accepted_length
+from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.chunk import run_chunk
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import make_plan
-from specformer_jax.decoding.pool import cache_len, empty_pool, insert
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.set_acceptance import SetAcceptance, law_accepted_length
-from specformer_jax.decoding.speculative import Verify
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine.chunk import run_chunk
+from specformer_jax.decoding.engine.plan import make_plan
+from specformer_jax.decoding.engine.pool import cache_len, empty_pool, insert
 from specformer_jax.errors import SpecformerError
 
 PROMPTS = [[(11 * i + 5 * r + 3) % 250 + 1 for i in range(n)] for r, n in enumerate([6, 17, 3, 25, 9, 12])]

@@ -12,11 +12,13 @@ import scipy.stats
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding import draft_source, hybrid, runner, speculative
+from specformer_jax.decoding.acceptance import speculative
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.hybrid import Hybrid
-from specformer_jax.decoding.ngram import NgramDrafts
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.drafts import draft_source, hybrid
+from specformer_jax.decoding.drafts.hybrid import Hybrid
+from specformer_jax.decoding.drafts.ngram import NgramDrafts
+from specformer_jax.decoding.engine import runner
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter

@@ -18,7 +18,7 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.training import loss, state_cache, trainer
-from specformer_jax.training.distill import distill
+from specformer_jax.training.data.distill import distill
 from specformer_jax.training.loss import drafter_loss, hooks_read, target_hidden
 from specformer_jax.training.state_cache import cache_states, open_cache, open_caches
 

@@ -12,12 +12,12 @@ import pytest
 from jax import export
 
 from specformer_jax.config import DrafterConfig, TargetConfig
-from specformer_jax.decoding.chunk import run_chunk
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import DecodePlan
-from specformer_jax.decoding.pool import empty_pool, insert
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import Verify
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.speculative import Verify
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine.chunk import run_chunk
+from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.decoding.engine.pool import empty_pool, insert
 from specformer_jax.modeling.drafter import drafter_shapes
 from specformer_jax.modeling.target import target_shapes
 from specformer_jax.training.train_config import TrainConfig

@@ -100,7 +100,7 @@ def _check_draft_vocab(model: str, data: Path, full: Path, small: Path) -> None:
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.decoding.api import generate
-    from specformer_jax.training.dataset import read_distilled, split
+    from specformer_jax.training.data.dataset import read_distilled, split
 
     records = read_distilled(data)
     fraction = json.loads((full / "drafter.json").read_text())["train_config"]["eval_fraction"]

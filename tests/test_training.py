@@ -18,8 +18,8 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import DrafterParams
 from specformer_jax.modeling.loaded import LoadedDrafter
 from specformer_jax.training import trainer
-from specformer_jax.training.dataset import load_records, read_distilled
-from specformer_jax.training.distill import distill
+from specformer_jax.training.data.dataset import load_records, read_distilled
+from specformer_jax.training.data.distill import distill
 from specformer_jax.training.evaluate import evaluate_drafter
 from specformer_jax.training.train_config import TrainConfig, load_train_config
 
@@ -321,8 +321,8 @@ def test_a_periodic_eval_with_nothing_to_score_is_refused_before_training(tiny_c
 @pytest.mark.parametrize("seq_len", [pytest.param(n, marks=pytest.mark.slow) for n in (6, 12)] + [40])
 def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records, seq_len):
     """dataset.scored_positions (host arithmetic) against the positions the jitted loss counts."""
-    from specformer_jax.training.batches import eval_batches
-    from specformer_jax.training.dataset import scored_positions
+    from specformer_jax.training.data.batches import eval_batches
+    from specformer_jax.training.data.dataset import scored_positions
     from specformer_jax.training.loss import drafter_loss
 
     target = load_target(tiny_checkpoints["llama3"])

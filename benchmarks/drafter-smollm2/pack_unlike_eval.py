@@ -18,8 +18,8 @@ from pathlib import Path
 from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.decoding.encode import read_prompts_file
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training.dataset import read_distilled, read_manifest
-from specformer_jax.training.packed import pack_records
+from specformer_jax.training.data.dataset import read_distilled, read_manifest
+from specformer_jax.training.data.packed import pack_records
 
 EVAL_SETS = (*PROMPT_SETS.values(), Path(__file__).parent / "v5-cpu" / "heldout-chat.jsonl")
 

@@ -35,13 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import resolve
-from specformer_jax.decoding import runner
-from specformer_jax.decoding.chunk import run_chunk, target_logits, target_pass, update
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import make_plan
-from specformer_jax.decoding.pool import cache_len, empty_pool, insert
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.speculative import Verify, round_keys
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.speculative import Verify, round_keys
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine.chunk import run_chunk, target_logits, target_pass, update
+from specformer_jax.decoding.engine.plan import make_plan
+from specformer_jax.decoding.engine.pool import cache_len, empty_pool, insert
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 

@@ -25,10 +25,10 @@ import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import generate, resolve_draft_len
-from specformer_jax.decoding.drafters import Drafter, specformer_part
+from specformer_jax.decoding.drafts.kinds import Drafter, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
-from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.tuner import AutoDraftLen
+from specformer_jax.decoding.tuning.records import DecodeRecords
+from specformer_jax.decoding.tuning.tuner import AutoDraftLen
 from specformer_jax.modeling.loaded import LoadedTarget
 
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run

@@ -115,7 +115,7 @@ def mesh(args):
 
 def records():
     """The decoding records the CLI reads and writes (SPECFORMER_CACHE/decode_records.json)."""
-    from specformer_jax.decoding.records import DecodeRecords
+    from specformer_jax.decoding.tuning.records import DecodeRecords
 
     return DecodeRecords.default()
 
@@ -131,8 +131,8 @@ def parse_drafter(spec: str, target):
     hybrid), else a SpecFormer drafter ("default", a shipped name such as "v4", "random" or a directory:
     load_drafter)."""
     from specformer_jax.checkpoints.drafter_io import load_drafter
-    from specformer_jax.decoding.hybrid import Hybrid
-    from specformer_jax.decoding.ngram import parse_ngram
+    from specformer_jax.decoding.drafts.hybrid import Hybrid
+    from specformer_jax.decoding.drafts.ngram import parse_ngram
 
     spec = str(spec)
     base, plus, ngram = spec.rpartition("+")

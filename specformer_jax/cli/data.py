@@ -93,7 +93,7 @@ def _add_cache_states(sub) -> None:
 
 def run_sample_prompts(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.training.self_prompts import check_system, read_rounds, sample_prompts
+    from specformer_jax.training.data.self_prompts import check_system, read_rounds, sample_prompts
 
     read_rounds(args.out)  # an unusable --out or --system fails before the model loads
     check_system(args.system)
@@ -109,8 +109,8 @@ def run_sample_prompts(args) -> int:
 def run_distill(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.decoding.encode import read_prompts_file
-    from specformer_jax.training.distill import distill
-    from specformer_jax.training.prompts import builtin_prompts
+    from specformer_jax.training.data.distill import distill
+    from specformer_jax.training.data.prompts import builtin_prompts
 
     if not args.prompts and not args.builtin_prompts:
         raise SpecformerError("give --prompts F.jsonl, --builtin-prompts N, or both")
@@ -128,7 +128,7 @@ def run_distill(args) -> int:
 
 
 def run_pack_data(args) -> int:
-    from specformer_jax.training.packed import pack
+    from specformer_jax.training.data.packed import pack
 
     s = pack(args.data, args.out, args.max_shard_mb * 2**20)
     print(f"specformer: {s['records']} records ({s['tokens']:,} tokens) packed into {args.out}: {s['shards']} "
@@ -146,7 +146,7 @@ def _hooks(text: str) -> tuple[int, ...]:
 def run_cache_states(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.config import DrafterConfig
-    from specformer_jax.training.dataset import check_token_ids, check_vocabulary, data_dirs, load_records
+    from specformer_jax.training.data.dataset import check_token_ids, check_vocabulary, data_dirs, load_records
     from specformer_jax.training.state_cache import cache_states
 
     records = load_records(args.data, "--data")  # bad data fails before the model loads

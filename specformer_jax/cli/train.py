@@ -91,7 +91,7 @@ def run_train(args) -> int:
 def run_eval_drafter(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.training.dataset import check_vocabulary, records_to_score
+    from specformer_jax.training.data.dataset import check_vocabulary, records_to_score
     from specformer_jax.training.evaluate import evaluate_drafter
 
     if args.save and args.draft_len is not None:
@@ -113,7 +113,7 @@ def run_eval_drafter(args) -> int:
 def run_draft_vocab(args) -> int:
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.training.dataset import check_vocabulary, data_dirs
+    from specformer_jax.training.data.dataset import check_vocabulary, data_dirs
 
     if (args.out / "drafter.json").exists():
         raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
@@ -143,8 +143,8 @@ def _write_draft_vocab(args, target, drafter) -> dict:
     import dataclasses
 
     from specformer_jax.checkpoints.drafter_io import file_meta, save_drafter
-    from specformer_jax.training.dataset import check_token_ids, load_records, split
-    from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
+    from specformer_jax.training.data.dataset import check_token_ids, load_records, split
+    from specformer_jax.training.data.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
 
     size = target.cfg.vocab_size
     records = load_records(args.data, "--data")

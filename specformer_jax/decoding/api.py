@@ -16,18 +16,18 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED, integer, is_int
-from specformer_jax.decoding import drafters
-from specformer_jax.decoding.cost_model import DraftLenChoice
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.set_acceptance import SetAcceptance, law_accepted_length
+from specformer_jax.decoding.acceptance.speculative import Verify
+from specformer_jax.decoding.drafts import kinds as drafters
+from specformer_jax.decoding.drafts.ngram import parse_ngram
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
-from specformer_jax.decoding.ngram import parse_ngram
-from specformer_jax.decoding.plan import CHUNK_ROUNDS, DecodePlan, make_plan
-from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.runner import DecodeRun
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.scheduler import SCHEDULES, decode_requests, run_to_end
-from specformer_jax.decoding.set_acceptance import SetAcceptance, law_accepted_length
-from specformer_jax.decoding.speculative import Verify
-from specformer_jax.decoding.tuner import AutoDraftLen, drafter_acceptance
+from specformer_jax.decoding.engine.plan import CHUNK_ROUNDS, DecodePlan, make_plan
+from specformer_jax.decoding.engine.runner import DecodeRun
+from specformer_jax.decoding.engine.scheduler import SCHEDULES, decode_requests, run_to_end
+from specformer_jax.decoding.tuning.cost_model import DraftLenChoice
+from specformer_jax.decoding.tuning.records import DecodeRecords
+from specformer_jax.decoding.tuning.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, checked_target
 from specformer_jax.parallel import AXES, make_mesh, replicated

@@ -17,9 +17,9 @@ from tqdm import tqdm
 from specformer_jax.checks import POSITIVE_INT, integer
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, check_drafter_fits, checked_target
-from specformer_jax.training.batches import eval_batches
-from specformer_jax.training.dataset import check_scorable, check_token_ids
-from specformer_jax.training.draft_vocab import answer_token_counts, coverage
+from specformer_jax.training.data.batches import eval_batches
+from specformer_jax.training.data.dataset import check_scorable, check_token_ids
+from specformer_jax.training.data.draft_vocab import answer_token_counts, coverage
 from specformer_jax.training.loss import drafter_loss, metrics_from_sums
 
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import atomic_open, read_json, write_json
-from specformer_jax.training.dataset import data_dirs
+from specformer_jax.training.data.dataset import data_dirs
 from specformer_jax.training.loss import target_hidden
 
 FORMAT = "specformer-states-v1"

@@ -38,8 +38,8 @@ from specformer_jax.parallel import (
     replicated,
     to_host,
 )
-from specformer_jax.training.batches import eval_batches, training_batches
-from specformer_jax.training.dataset import (
+from specformer_jax.training.data.batches import eval_batches, training_batches
+from specformer_jax.training.data.dataset import (
     check_scorable,
     check_token_ids,
     check_vocabulary,
@@ -47,7 +47,7 @@ from specformer_jax.training.dataset import (
     load_records,
     split,
 )
-from specformer_jax.training.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
+from specformer_jax.training.data.draft_vocab import answer_token_counts, draft_vocabulary, vocab_meta
 from specformer_jax.training.loss import drafter_loss, hooks_read, metrics_from_sums
 from specformer_jax.training.plots import plot_training
 from specformer_jax.training.state_cache import open_caches

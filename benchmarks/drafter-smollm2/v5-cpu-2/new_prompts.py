@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specformer_jax.decoding.encode import read_prompts_file
 from specformer_jax.errors import SpecformerError
-from specformer_jax.training.prompts import normalise_prompt
+from specformer_jax.training.data.prompts import normalise_prompt
 
 HERE = Path(__file__).parent
 # self-prompts-SET.jsonl.gz, named one by one: a glob would count a new set's own prompts as seen before this filters

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specformer_jax.training.dataset import read_distilled, read_manifest
-from specformer_jax.training.packed import pack_records
+from specformer_jax.training.data.dataset import read_distilled, read_manifest
+from specformer_jax.training.data.packed import pack_records
 
 HELDOUT = Path(__file__).parents[1] / "v5-cpu" / "eval-heldout"
 PARTS = {"chat": slice(0, 24), "code": slice(24, 40)}

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specformer_jax.decoding.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
 
 
 def round_keys(keys: jax.Array, rounds: jax.Array) -> jax.Array:

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.plan import DecodePlan, make_plan
-from specformer_jax.decoding.runner import DecodeRun
-from specformer_jax.decoding.sampling import SamplingConfig
-from specformer_jax.decoding.scheduler import decode_requests, run_to_end
-from specformer_jax.decoding.set_acceptance import SetAcceptance
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.set_acceptance import SetAcceptance
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine.plan import DecodePlan, make_plan
+from specformer_jax.decoding.engine.runner import DecodeRun
+from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
 SHORT_BUDGET = 8  # tokens a row of the short run: its prefill and first rounds, taken off the long run's time

@@ -4,7 +4,7 @@ Where they come from: every template, topic, code snippet and word problem was w
 lists and templates are the data file specformer_jax/assets/builtin-prompts.json; the word problems are below). No
 evaluation set is used or copied (no HumanEval, MT-Bench, Alpaca-Eval, GSM8K, nor the package's own benchmark prompts,
 specformer_jax/assets/eval-prompts.jsonl). Prompts that match a benchmark prompt are dropped (`builtin_prompts`) or
-refused (`specformer_jax.training.distill`), so the drafter is never trained on what it is measured on.
+refused (`specformer_jax.training.data.distill`), so the drafter is never trained on what it is measured on.
 
 Instruction templates are crossed with topic lists, with optional answer-style hints, to give a finite pool of about
 8,600 prompts (chat, how-things-work and why questions, writing, rewriting and translation, code in several

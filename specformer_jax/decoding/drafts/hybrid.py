@@ -16,9 +16,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.checks import integer
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.ngram import NgramDrafts, TokenHistory, lookup, point_mass
-from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup, point_mass
+from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter
 

@@ -13,7 +13,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.engine.plan import DecodePlan
 
 
 class CompiledFunctions:

@@ -26,8 +26,8 @@ from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, 
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic
 from specformer_jax.modeling.loaded import LoadedTarget, checked_target
-from specformer_jax.training.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
-from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt
+from specformer_jax.training.data.dataset import FORMAT, MANIFEST, PURPOSES, manifest_setting, read_manifest, shard_name
+from specformer_jax.training.data.prompts import evaluation_prompts, is_evaluation_prompt
 
 # Manifest fields that must match for a rerun to add to existing shards. batch_size is not among them: it changes
 # throughput only, so a resumed run may use another one.

@@ -8,9 +8,9 @@ import dataclasses
 from typing import Callable
 
 from specformer_jax.checks import NON_NEGATIVE
-from specformer_jax.decoding import cost_model
-from specformer_jax.decoding.records import DecodeRecords
-from specformer_jax.decoding.timing import measure_costs
+from specformer_jax.decoding.tuning import cost_model
+from specformer_jax.decoding.tuning.records import DecodeRecords
+from specformer_jax.decoding.tuning.timing import measure_costs
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 

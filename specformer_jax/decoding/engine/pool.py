@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specformer_jax.decoding.plan import DecodePlan
-from specformer_jax.decoding.sampling import is_eos, select_tokens
-from specformer_jax.decoding.speculative import round_keys
+from specformer_jax.decoding.acceptance.sampling import is_eos, select_tokens
+from specformer_jax.decoding.acceptance.speculative import round_keys
+from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
 from specformer_jax.modeling.target import Target
 

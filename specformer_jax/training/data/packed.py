@@ -19,7 +19,7 @@ import numpy as np
 
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import atomic_open, write_atomic
-from specformer_jax.training.dataset import MANIFEST, read_distilled, read_manifest, shard_path
+from specformer_jax.training.data.dataset import MANIFEST, read_distilled, read_manifest, shard_path
 
 MAX_SHARD_BYTES = 16 * 2**20
 NPZ = "npz"

@@ -22,7 +22,7 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import read_text, write_atomic
 from specformer_jax.modeling.loaded import LoadedTarget, checked_target
-from specformer_jax.training.prompts import evaluation_prompts, is_evaluation_prompt, normalise_prompt
+from specformer_jax.training.data.prompts import evaluation_prompts, is_evaluation_prompt, normalise_prompt
 
 SENTINEL = "\x00specformer-user-turn\x00"
 MIN_CHARS = 12

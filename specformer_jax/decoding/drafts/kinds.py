@@ -7,9 +7,9 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh
 
-from specformer_jax.decoding.draft_source import SpecformerDrafts
-from specformer_jax.decoding.hybrid import Hybrid, HybridDrafts
-from specformer_jax.decoding.ngram import MAX_NGRAM_DRAFTS, NgramDrafts
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
+from specformer_jax.decoding.drafts.ngram import MAX_NGRAM_DRAFTS, NgramDrafts
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import drafter_axes
 from specformer_jax.modeling.loaded import LoadedDrafter, check_drafter_fits

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.checks import integer
-from specformer_jax.decoding.plan import DecodePlan
+from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.errors import SpecformerError
 
 MAX_NGRAM_DRAFTS = 16  # the most drafts per round an n-gram source may be asked for

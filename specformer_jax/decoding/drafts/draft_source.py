@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding.plan import DecodePlan
-from specformer_jax.decoding.speculative import choose_drafts
+from specformer_jax.decoding.acceptance.speculative import choose_drafts
+from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.modeling.drafter import (
     Drafter,
     DrafterParams,

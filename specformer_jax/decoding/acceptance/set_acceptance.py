@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specformer_jax.decoding.sampling import SamplingConfig, select_tokens
-from specformer_jax.decoding.speculative import leading
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, select_tokens
+from specformer_jax.decoding.acceptance.speculative import leading
 
 
 @struct.dataclass

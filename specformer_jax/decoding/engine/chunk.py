@@ -14,10 +14,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specformer_jax.decoding.plan import DecodePlan
-from specformer_jax.decoding.pool import Pool
-from specformer_jax.decoding.sampling import is_eos
-from specformer_jax.decoding.speculative import round_keys
+from specformer_jax.decoding.acceptance.sampling import is_eos
+from specformer_jax.decoding.acceptance.speculative import round_keys
+from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.decoding.engine.pool import Pool
 from specformer_jax.modeling.target import Target
 
 

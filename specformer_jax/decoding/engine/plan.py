@@ -9,7 +9,7 @@ import dataclasses
 import jax
 
 from specformer_jax.config import TargetConfig
-from specformer_jax.decoding.sampling import SamplingConfig
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 
 CHUNK_ROUNDS = 8  # rounds per chunk by default (docs/decoding.md, "Chunks")
 
