@@ -12,12 +12,13 @@ root=$(cd "$here/.." && pwd)
 table="$here/drafters.tsv"
 
 die() { echo "restore.sh: $*" >&2; exit 2; }
+names() { grep -v '^#' "$table" | cut -f1 | paste -sd' '; }
 [ $# -gt 0 ] || die "name one or more drafters (--list shows them)"
-if [ "$1" = "--list" ]; then grep -v '^#' "$table" | cut -f1 | tr '\n' ' '; echo; exit 0; fi
+if [ "$1" = "--list" ]; then names; exit 0; fi
 
 for name in "$@"; do
   row=$(awk -F'\t' -v n="$name" '$1 == n' "$table")
-  [ -n "$row" ] || die "no drafter '$name' in history/drafters.tsv (known: $(grep -v '^#' "$table" | cut -f1 | tr '\n' ' '))"
+  [ -n "$row" ] || die "no drafter '$name' in history/drafters.tsv (known: $(names))"
   IFS=$'\t' read -r _ commit path sha <<< "$row"
   out="$here/drafters/$name"
   if [ -f "$out/params.safetensors" ] && [ "$(sha256sum < "$out/params.safetensors" | cut -c1-64)" = "$sha" ]; then

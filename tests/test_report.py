@@ -116,12 +116,12 @@ def test_report_errors(tmp_path, cli_error):
     assert "does not exist" in cli_error(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r.md")])
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parent / "data" / "results"  # copies of real result files, kept as they were
 DELETE = object()
 
 
 def changed(tmp_path, name, change):
-    """A real bench result file from benchmarks/results/ with `change` applied to its document."""
+    """A real bench result file (tests/data/results/) with `change` applied to its document."""
     doc = json.loads((RESULTS / name).read_text())
     change(doc)
     path = tmp_path / f"changed_{name}"

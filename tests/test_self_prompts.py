@@ -113,11 +113,11 @@ def test_cli_bad_input(tiny_checkpoints, tmp_path, cli_error, args, message):
 
 
 def test_new_prompts_keeps_only_requests_no_earlier_drafter_saw(tmp_path):
-    """benchmarks/drafter-smollm2/v5-cpu-2/new_prompts.py, which picks each CPU data set's requests: a prompt of a
+    """history/prompts/new_prompts.py, which picks each CPU data set's requests: a prompt of a
     committed set (case and spacing aside) and a repeat are dropped; a file with nothing new is one line and exit 2."""
     root = Path(__file__).resolve().parents[1]
-    script = root / "benchmarks/drafter-smollm2/v5-cpu-2/new_prompts.py"
-    with gzip.open(root / "benchmarks/drafter-smollm2/self-prompts-9-tools.jsonl.gz", "rt") as f:
+    script = root / "history/prompts/new_prompts.py"
+    with gzip.open(root / "history/prompts/self-prompts-9-tools.jsonl.gz", "rt") as f:
         seen = json.loads(f.readline())["prompt"]
     fresh = "Write a haiku about a kettle that only boils on Tuesdays, then explain the joke."
     sampled = tmp_path / "sampled.jsonl"

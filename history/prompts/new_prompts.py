@@ -19,8 +19,8 @@ HERE = Path(__file__).parent
 # self-prompts-SET.jsonl.gz, named one by one: a glob would count a new set's own prompts as seen before this filters
 SETS = ("2", "3", "4-code", "4-general", "5-code", "5-questions", "6-explain", "6-write", "7-explain", "7-write",
         "8-explain", "8-write", "9-form", "9-tools", "10-code", "10-tools", "11-code", "11-tools")
-SEEN = (HERE.parent / "v2-self-prompts" / "self-prompts.jsonl.gz", HERE.parent / "v5-cpu" / "heldout-chat.jsonl",
-        *(HERE.parent / f"self-prompts-{name}.jsonl.gz" for name in SETS))
+SEEN = (HERE / "self-prompts-v2.jsonl.gz", HERE / "heldout-chat.jsonl",
+        *(HERE / f"self-prompts-{name}.jsonl.gz" for name in SETS))
 
 
 def prompts(path: Path) -> list[str]:

@@ -153,8 +153,9 @@ def _equivalence(plain: list[list[int]], spec: list[list[int]]) -> dict:
 def _log_row(row: dict) -> None:
     spec = row.get("spec", {})
     rate = f" at set acceptance {row['set_acceptance']}" if "set_acceptance" in row else ""
-    speed = (f", speculative (k={spec['draft_len']}{rate}) {row['speedup']:.2f}x, "
-             f"AL {spec.get('mean_accepted_length', 1.0):.2f}") if spec else ""
+    same = f", {row['output_equivalence']:.0%} of rows equal to AR" if "output_equivalence" in row else ""
+    speed = (f", speculative (k={spec['draft_len']}{rate}) {spec['tokens_per_second']:.1f} tok/s = "
+             f"{row['speedup']:.2f}x AR, AL {spec.get('mean_accepted_length', 1.0):.2f}{same}") if spec else ""
     print(f"specformer bench: batch {row['batch_size']}: AR {row['ar']['tokens_per_second']:.1f} tok/s{speed}",
           file=sys.stderr)  # looked up at the call: a stream bound at import may be closed by now
 
