@@ -5,8 +5,8 @@ Each side is a short run of the same recipe on the same data (same batches in th
 interval (compilation) is dropped and the median of the others kept. Ratios are against the live target with the
 whole vocabulary, which is how every drafter was trained before the cache.
 
-  .venv/bin/python benchmarks/train_throughput.py --data benchmarks/drafter-smollm2/data-cpu-2000 \\
-      --states runs/states-cpu-2000 --out benchmarks/drafter-smollm2/v5-cpu/train_throughput_cpu.json
+  .venv/bin/python benchmarks/train_throughput.py --data history/data/data-cpu-2000 \\
+      --states runs/states-cpu-2000 --out benchmarks/results/train_throughput_cpu.json
 """
 
 from __future__ import annotations

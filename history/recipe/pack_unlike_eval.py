@@ -21,7 +21,7 @@ from specformer_jax.errors import SpecformerError
 from specformer_jax.training.data.dataset import read_distilled, read_manifest
 from specformer_jax.training.data.packed import pack_records
 
-EVAL_SETS = (*PROMPT_SETS.values(), Path(__file__).parent / "v5-cpu" / "heldout-chat.jsonl")
+EVAL_SETS = (*PROMPT_SETS.values(), Path(__file__).parents[1] / "prompts" / "heldout-chat.jsonl")
 
 
 def nearest(prompt: str, evals: dict[str, str]) -> tuple[float, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from specformer_jax.training.data.dataset import read_distilled, read_manifest
 from specformer_jax.training.data.packed import pack_records
 
-HELDOUT = Path(__file__).parents[1] / "v5-cpu" / "eval-heldout"
+HELDOUT = Path(__file__).parents[1] / "data" / "eval-heldout"
 PARTS = {"chat": slice(0, 24), "code": slice(24, 40)}
 
 
