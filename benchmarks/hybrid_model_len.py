@@ -1,5 +1,5 @@
 """How many SpecFormer drafts a hybrid's rounds verify when no row has n-gram drafts (`HYBRID_CPU_MODEL_DRAFTS` in
-decoding/drafters.py), at batch 1 on a CPU: each value side by side with plain decoding and the SpecFormer drafter
+specformer_jax/defaults.py), at batch 1 on a CPU: each value side by side with plain decoding and the SpecFormer drafter
 alone, in one run with alternating repeats, tokens checked against plain decoding. Run on the development prompts,
 not the benchmark sets:
 
@@ -20,9 +20,9 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drafter_decode import batch_row  # noqa: E402
 
+from specformer_jax import defaults  # noqa: E402
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
 from specformer_jax.cli.args import parse_drafter  # noqa: E402
-from specformer_jax.decoding.drafts import kinds as drafters  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 
 
@@ -41,10 +41,10 @@ def main() -> None:
     options = {"plain": {}, "specformer@2": {"drafter": alone, "draft_len": 2}}
     model_lens = {f"hybrid@{args.draft_len}, model_len {m}": m for m in map(int, args.model_lens.split(","))}
     options |= {name: {"drafter": hybrid, "draft_len": args.draft_len} for name in model_lens}
-    shipped = dict(drafters.HYBRID_CPU_MODEL_DRAFTS)
+    shipped = dict(defaults.HYBRID_CPU_MODEL_DRAFTS)
 
-    def prepare(name):  # the engine reads the table when it builds the draft source (drafters.hybrid_model_len)
-        drafters.HYBRID_CPU_MODEL_DRAFTS = {1: model_lens[name]} if name in model_lens else shipped
+    def prepare(name):  # read when generate builds the draft source (decoding/tuning/draft_len.py, hybrid_model_len)
+        defaults.HYBRID_CPU_MODEL_DRAFTS = {1: model_lens[name]} if name in model_lens else shipped
 
     row = batch_row(model, prompts, 1, args.max_new_tokens, options, args.repeats, prepare)
     doc = {"command": " ".join(["benchmarks/hybrid_model_len.py", *sys.argv[1:]]),

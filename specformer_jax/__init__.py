@@ -10,6 +10,7 @@ import importlib
 
 _EXPORTS = {
     "AutoDraftLen": "specformer_jax.decoding.tuning.tuner",
+    "DecodeOptions": "specformer_jax.decoding.options",
     "DecodeRecords": "specformer_jax.decoding.tuning.records",
     "DrafterConfig": "specformer_jax.config",
     "GenerationResult": "specformer_jax.decoding.api",

@@ -208,6 +208,13 @@ def tiny_model(tiny_checkpoints):
     ({"prompt": "Hi"}, {}, "wrap a single prompt"),  # decoded the key "prompt"
     ({"Hi", "Bye"}, {}, "got a set: its order is arbitrary"),  # results came in arbitrary order
     ([[1, 5]], {"chunk_rounds": 10**9}, r"chunk_rounds must be an integer in 1..max_new_tokens = 1..2"),  # never ended
+    ([[1, 5]], {"max_cache_len": "abc"}, r"max_cache_len must be a positive integer or None \(the model's context "
+     r"length\), got 'abc'"),  # a TypeError
+    ([[1, 5]], {"max_cache_len": 0}, "max_cache_len must be a positive integer or None"),  # the context length
+    ([[1, 5]], {"max_cache_len": 100.5}, "max_cache_len must be a positive integer or None"),  # accepted
+    ([[1, 5]], {"chat": "False"}, "chat must be True or False, got 'False'"),  # read as true
+    ([[1, 5]], {"progress": "no"}, "progress must be True or False, got 'no'"),
+    ([[1, 5]], {"options": {"max_new_tokens": 2}}, "options must be a DecodeOptions, got dict"),
 ])
 def test_generate_refuses_misused_arguments(tiny_model, prompts, kwargs, message):
     with pytest.raises(SpecformerError, match=message):

@@ -13,11 +13,12 @@ from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval, sav
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.drafts.kinds import default_draft_len
-from specformer_jax.decoding.engine import runner, timing
+from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import run_chunk
 from specformer_jax.decoding.tuning import cost_model as cm
 from specformer_jax.decoding.tuning import records as rec
+from specformer_jax.decoding.tuning import timing
+from specformer_jax.decoding.tuning.draft_len import default_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError

@@ -16,7 +16,7 @@ PACKAGES = ("specformer_jax", "pallas_kernels")
 LAYERS = [
     ("pallas_kernels",),
     ("specformer_jax.errors", "specformer_jax.checks", "specformer_jax.files", "specformer_jax.config",
-     "specformer_jax.assets", "specformer_jax.parallel", "specformer_jax.distributed"),
+     "specformer_jax.defaults", "specformer_jax.assets", "specformer_jax.parallel", "specformer_jax.distributed"),
     ("specformer_jax.modeling", "specformer_jax.checkpoints"),
     ("specformer_jax.decoding",),
     ("specformer_jax.training", "specformer_jax.bench"),

@@ -18,9 +18,10 @@ from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
-from specformer_jax.decoding.drafts.kinds import default_draft_len, draft_source, max_draft_len
+from specformer_jax.decoding.drafts.kinds import draft_source, max_draft_len
 from specformer_jax.decoding.drafts.ngram import NgramDrafts
 from specformer_jax.decoding.engine.plan import make_plan
+from specformer_jax.decoding.tuning.draft_len import default_draft_len, hybrid_model_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter
@@ -111,7 +112,8 @@ def test_default_and_largest_draft_lengths(model):
     # a hybrid's rounds with no n-gram row verify 3 SpecFormer drafts at batch 1 with the CPU kernels, else as many
     # as the drafter alone (at least one), never more than its slots; off a CPU the widths are (slots, k) but unused:
     # every chunk there verifies all k
-    widths = lambda d, b, cfg: draft_source(Hybrid(d), None, cfg, b).widths(make_plan(model, 7, SamplingConfig(), N))
+    widths = lambda d, b, cfg: draft_source(Hybrid(d), None, cfg, hybrid_model_len(Hybrid(d), b, cfg)).widths(
+        make_plan(model, 7, SamplingConfig(), N))
     assert [widths(d, b, packed) for b in (1, 2, 8)] == ([(3, 7), (2, 7), (1, 7)] if cpu else [(4, 7)] * 3)
     assert widths(specformer(model, slots=2), 1, packed) == (2, 7)
     assert widths(d, 1, unpacked) == ((1, 7) if cpu else (4, 7))

@@ -17,9 +17,9 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.drafts.kinds import default_draft_len
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
+from specformer_jax.decoding.tuning.draft_len import default_draft_len
 from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter, cpu_kernels_ready
 

@@ -24,9 +24,10 @@ import jax
 import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
-from specformer_jax.decoding.api import generate, resolve_draft_len
+from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import Drafter, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
+from specformer_jax.decoding.tuning.draft_len import checked_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen
 from specformer_jax.modeling.loaded import LoadedTarget
@@ -53,7 +54,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
     weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
     on stderr."""
     prompts = synthetic_prompts(model, prompts)
-    draft_len = resolve_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
+    draft_len = checked_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
     loaded = specformer_part(drafter)  # what weights it drafts with (none: the n-gram lookup)
     doc = {
         "drafter_sha256": loaded.sha256 if loaded else None,  # `sha256sum params.safetensors` of the drafter

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from pallas_kernels import IMPLS
+from specformer_jax import defaults
 from specformer_jax.assets import SHIPPED_DRAFTERS
 from specformer_jax.checks import FRACTION, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
@@ -103,7 +104,7 @@ def add_engine_options(p, schedules: tuple[str, ...] = ("continuous", "static"))
                         "batches of --batch-size prompts, each run until its slowest row is done"
                         + ("; both: each side under both, in one run" if "both" in schedules else ""))
     p.add_argument("--chunk-rounds", type=kind(POSITIVE_INT), default=None,
-                   help="rounds the device runs between two looks of the host (default 8)")
+                   help=f"rounds the device runs between two looks of the host (default {defaults.CHUNK_ROUNDS})")
 
 
 def mesh(args):

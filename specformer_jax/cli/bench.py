@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pallas_kernels import IMPLS
+from specformer_jax import defaults
 from specformer_jax.assets import PROMPT_SETS, prompt_set
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli import args as a
@@ -36,9 +37,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8],
                    help="comma-separated, e.g. 1,4,16,64")
     p.add_argument("--draft-len", type=draft_len, default=None,
-                   help="drafts per round, or auto (per batch size; default as in generate: all trained slots on a "
-                        "GPU/TPU, 4 for ngram; on a CPU at batch 1 2 (ngram and hybrids 7), at batch 2 1 (ngram 2, "
-                        "hybrids 4), else plain decoding)")
+                   help="drafts per round, or auto (per batch size); default as in generate: "
+                        + defaults.draft_len_defaults_text())
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
@@ -78,7 +78,8 @@ def _add_profile_round(sub) -> None:
     p.add_argument("--context", type=a.kind(POSITIVE_INT), default=72,
                    help="tokens in every row's cache (default 72: the benchmark prompts' mean, 41, and half of "
                         "bench's 64 new tokens)")
-    p.add_argument("--chunk-rounds", type=a.kind(POSITIVE_INT), default=8, help="rounds per chunk (R, default 8)")
+    p.add_argument("--chunk-rounds", type=a.kind(POSITIVE_INT), default=defaults.CHUNK_ROUNDS,
+                   help=f"rounds per chunk (R, default {defaults.CHUNK_ROUNDS})")
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=20,
                    help="timings of every part, in turn; medians reported (default 20)")
     p.add_argument("--attention-impl", choices=IMPLS, default="auto", help="as for bench")

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from specformer_jax import defaults
 from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, SEED
 from specformer_jax.cli import args as a
 from specformer_jax.errors import SpecformerError
@@ -41,9 +42,8 @@ def add_parsers(sub) -> None:
                         "default: the shipped drafter when --model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
-                        "drafter alone: chosen per batch size from measured costs); default: all trained slots on a "
-                        "GPU/TPU (4 for ngram); on a CPU at batch 1 3 (ngram and hybrids 7), at batch 2 2 (ngram 2, "
-                        "hybrids 4), else plain decoding")
+                        "drafter alone: chosen per batch size from measured costs); default: "
+                        + defaults.draft_len_defaults_text())
     p.set_defaults(func=run_generate)
 
 

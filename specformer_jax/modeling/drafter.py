@@ -194,7 +194,7 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
 
 def _draft_head_dtype(target_cfg: TargetConfig) -> str:
     """bfloat16 on accelerators; the model's own dtype on CPUs, where XLA's bfloat16 matmuls run several times slower
-    than float32 ones (benchmarks/README.md, "Why a round cost more than a step")."""
+    than float32 ones (about 5x: "Why a round cost more than a step" in `git show 3102113:benchmarks/README.md`)."""
     return target_cfg.dtype if jax.default_backend() == "cpu" else "bfloat16"
 
 

@@ -29,8 +29,8 @@ FINGERPRINT_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_layers", "
 class LoadedTarget:
     """A target model ready to run: config, parameters on the device, tokenizer (None if the checkpoint has none).
 
-    One copy of the weights: decoding converts them to its layout in place (`use_decoding_layout`), so `cfg` tells
-    the layout they are in now; every layout computes the same function."""
+    One copy of the weights: decoding (`generate`) converts them to its layout in place (`use_decoding_layout`), so
+    `cfg` tells the layout they are in now and `layout` names it; every layout computes the same function."""
 
     cfg: TargetConfig
     params: Any  # the Target module's 'params' tree, in cfg's layout
@@ -41,16 +41,28 @@ class LoadedTarget:
     def module(self, hooks=()) -> Target:
         return Target(self.cfg, tuple(hooks))
 
-    def use_decoding_layout(self, pool_size: int, mesh: Mesh | None = None) -> None:
+    @property
+    def layout(self) -> str:
+        """The layout the weights are in now: "stacked" (as loaded: one array per kind of weight over all layers,
+        as checkpoints and training hold them), "per-layer", "fused" (q/k/v and gate/up fused, per layer) or
+        "packed" (fused, as column panels for the CPU matmul kernels)."""
+        if self.cfg.pack_weights:
+            return "packed"
+        return "fused" if self.cfg.fuse_projections else "per-layer" if self.cfg.unroll_layers else "stacked"
+
+    def use_decoding_layout(self, pool_size: int, mesh: Mesh | None = None) -> LoadedTarget:
         """Hold the parameters in the decoding layout for a pool of `pool_size` rows (modeling/target.py,
         `decoding_params`): packed for the CPU matmul kernels on a CPU that has them (any pool size), else fused for
         a pool of one row; given a mesh, sharded over it by their logical axes. Converted in place, the old arrays
-        dropped, so the weights live once whatever layouts calls ask for. A layout already held costs nothing."""
+        dropped, so the weights live once whatever layouts calls ask for; `generate` calls this on the model it is
+        given. A layout already held costs nothing. Returns the model, so that it can be converted at load time:
+        `load_target(path).use_decoding_layout(8)`."""
         pack = mesh is None and cpu_kernels_ready(self.cfg)
         cfg, params = decoding_params(self.cfg, self.params, fuse=pool_size == 1, pack=pack)
         if mesh is not None:
             params = jax.device_put(params, param_shardings(params, target_axes(cfg), mesh))
         self.cfg, self.params = cfg, params
+        return self
 
 
 @dataclasses.dataclass

@@ -19,10 +19,9 @@ from specformer_jax.checks import integer
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup, point_mass
 from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.defaults import HYBRID_MIN_MATCH
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter
-
-MIN_MATCH = 2  # default: n-gram drafts for a row whose last 2+ tokens recur (benchmarks/README.md, "N-gram drafts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +30,7 @@ class Hybrid:
 
     drafter: LoadedDrafter
     ngram: NgramDrafts = NgramDrafts()
-    min_match: int = MIN_MATCH
+    min_match: int = HYBRID_MIN_MATCH
 
     def __post_init__(self):
         integer(1, self.ngram.max_n, f"an integer in 1..{self.ngram.max_n} (the n-gram's max_n)").check(
@@ -58,7 +57,7 @@ class HybridDrafts:
 
     model: SpecformerDrafts
     ngram: NgramDrafts
-    min_match: int = struct.field(pytree_node=False, default=MIN_MATCH)
+    min_match: int = struct.field(pytree_node=False, default=HYBRID_MIN_MATCH)
     model_len: int = struct.field(pytree_node=False, default=4)  # drafts a round verifies when no row has n-gram's
 
     origins = ("specformer", "ngram")

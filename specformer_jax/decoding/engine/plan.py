@@ -11,8 +11,6 @@ import jax
 from specformer_jax.config import TargetConfig
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 
-CHUNK_ROUNDS = 8  # rounds per chunk by default (docs/decoding.md, "Chunks")
-
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:

@@ -26,9 +26,10 @@ import numpy as np
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import chunk_widths, needed_width, run_chunk
-from specformer_jax.decoding.engine.plan import CHUNK_ROUNDS, DecodePlan
+from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.pool import Pool, cache_len, empty_pool, insert
 from specformer_jax.decoding.engine.runner import ORIGIN_COUNTS, DecodeRun
+from specformer_jax.defaults import CHUNK_ROUNDS
 from specformer_jax.parallel import decode_state_shardings, replicated
 
 SCHEDULES = ("continuous", "static")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-MARGIN = 0.15  # speculative decoding must be predicted at least this much faster to be chosen
+from specformer_jax.defaults import AUTO_MARGIN
 
 
 def expected_tokens(acceptance: list[float], ks) -> dict[int, float]:
@@ -49,7 +49,7 @@ def predicted_speedups(step_seconds: float, round_seconds: dict[int, float],
     return {k: tokens[k] * step_seconds / t for k, t in sorted(round_seconds.items())}
 
 
-def choose_draft_len(speedups: dict[int, float], margin: float = MARGIN) -> int:
+def choose_draft_len(speedups: dict[int, float], margin: float = AUTO_MARGIN) -> int:
     """The k with the largest predicted speedup, or 0 (plain decoding) unless it is at least 1 + margin."""
     best = max(speedups, key=speedups.get, default=0)
     return best if best and speedups[best] >= 1.0 + margin else 0
@@ -74,7 +74,7 @@ class DraftLenChoice:
     acceptance_source: str  # "decoding" (measured while decoding), "teacher_forced" (eval), or "mixed"
     tokens_per_round: dict[int, float]  # k -> as used for the prediction
     batch_measured: list[int]  # the k recorded on batches of this size (the others: E(k), scaled as they fell short)
-    margin: float = MARGIN
+    margin: float = AUTO_MARGIN
 
     @property
     def reason(self) -> str:
@@ -97,7 +97,7 @@ class DraftLenChoice:
 
 
 def predict(costs: dict, acceptance: list[float], source: str, batches: dict[int, dict],
-            margin: float = MARGIN) -> DraftLenChoice:
+            margin: float = AUTO_MARGIN) -> DraftLenChoice:
     """The choice from measured costs ({"step_seconds", "round_seconds": {k: s}}), per-slot acceptance (and its
     source) and the batches recorded at this batch size ({k: {"steps", "rounds"}})."""
     tokens = tokens_per_round(expected_tokens(acceptance, costs["round_seconds"]), batches)

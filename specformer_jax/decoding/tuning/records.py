@@ -30,7 +30,7 @@ TABLES = ("step_costs", "acceptance", "batch_rounds")
 MAX_REMEMBERED_ROUNDS = 20_000  # older decoding is forgotten beyond this many rounds, so the figures follow use
 
 # The code a decoding round runs: its source is part of the step costs' key, so an upgrade measures again.
-TIMED_CODE = [Path(__file__).parents[1] / d for d in ("decoding", "modeling")] + [Path(pallas_kernels.__file__).parent]
+TIMED_CODE = [Path(__file__).parents[2] / d for d in ("decoding", "modeling")] + [Path(pallas_kernels.__file__).parent]
 
 
 def records_directory() -> Path:
@@ -156,8 +156,9 @@ def _batch_entries(entries) -> dict[tuple[int, int], dict]:
 @functools.cache
 def code_fingerprint() -> str:
     h = hashlib.sha256()
-    for f in sorted(p for d in TIMED_CODE for p in d.iterdir() if p.suffix in (".py", ".cc")):  # .cc: CPU kernels
-        h.update(f.name.encode() + f.read_bytes())
+    for d in TIMED_CODE:  # its subfolders too (decoding/engine, ...); .cc: the CPU kernels
+        for f in sorted(p for p in d.rglob("*") if p.suffix in (".py", ".cc")):
+            h.update(str(f.relative_to(d)).encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -1,6 +1,6 @@
 """`AutoDraftLen`, the tuner behind `--draft-len auto` (cost_model.py holds the model it predicts with, records.py
-what it learns from; drafters.py the default when none is asked for). The draft length a call asks for is resolved
-once, in api.py (`resolve_draft_len`)."""
+what it learns from). The draft length a call asks for is decided in one place, draft_len.py, which asks this tuner
+for "auto"."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from specformer_jax.checks import NON_NEGATIVE
 from specformer_jax.decoding.tuning import cost_model
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.timing import measure_costs
+from specformer_jax.defaults import AUTO_MARGIN
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
@@ -31,7 +32,7 @@ class AutoDraftLen:
     (None: a store in memory that lives as long as this tuner). `measure`: the timing harness (timing.py)."""
 
     records: DecodeRecords | None = None
-    margin: float = cost_model.MARGIN
+    margin: float = AUTO_MARGIN
     measure: Callable = measure_costs
 
     def __post_init__(self):

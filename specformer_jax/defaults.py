@@ -1,0 +1,81 @@
+"""The measured defaults, in one place: how many drafts a round makes when the user gives no number, how a hybrid
+chooses and verifies, how many rounds a chunk runs and what `--draft-len auto` asks of a prediction. Each value names
+the result file it was read from in `SOURCES` (or says that none is committed). The CLI's help texts, the docstring
+of `DecodeOptions` and the decoding that applies the defaults (decoding/tuning/draft_len.py) all read them here.
+
+A draft-length table maps pool sizes (the rows decoded at once: an int, or a `range` of them) to drafts per round;
+a pool size it does not list decodes plainly (0). Tables are keyed by the kind of draft source: "specformer" (a
+trained drafter), "ngram" (the n-gram lookup), "hybrid" (both, per row: `X+ngram`)."""
+
+from __future__ import annotations
+
+# Drafts per round by pool size on a CPU with its kernels (the target's packed layout; without them, XLA's matmuls,
+# one draft). A round's arithmetic grows with its rows there, so the rounds that pay get shorter as the pool grows.
+# A kind not listed here drafts as on an accelerator (draft_len.accelerator_draft_len).
+CPU_DRAFT_LENS: dict[str, dict[int | range, int]] = {
+    "specformer": {1: 3, 2: 2, 3: 2, range(4, 6): 1},
+    "ngram": {1: 7, 2: 2},
+    "hybrid": {1: 7, 2: 4},
+}
+# On a GPU or TPU: every trained slot of a SpecFormer drafter (a hybrid's too); a source without one (the n-gram
+# lookup alone) drafts this many.
+ACCELERATOR_NGRAM_DRAFTS = 4
+# On a CPU with its kernels, drafts a hybrid's round verifies when none of its rows has n-gram drafts, by pool size;
+# elsewhere as many as the SpecFormer drafter alone would (at least one). Its drafter drafts all its slots anyway,
+# and at batch 1 up to 3 drafts cost no more than one.
+HYBRID_CPU_MODEL_DRAFTS: dict[int | range, int] = {1: 3}
+HYBRID_MIN_MATCH = 2  # a hybrid's row takes the n-gram drafts when its last 2+ tokens recur earlier
+CHUNK_ROUNDS = 8  # rounds the device runs between two looks of the host (docs/decoding.md, "Chunks")
+AUTO_MARGIN = 0.15  # `--draft-len auto` drafts only where a draft length is predicted this much faster than plain
+
+_RESULTS = "benchmarks/results/"
+_NGRAM_SETS = tuple(f"{_RESULTS}ngram_{name}_batch1_cpu_v7.json" for name in ("editing", "chat", "code"))
+# Where each value above was measured: result files (paths from the repository's root), empty where none is committed.
+SOURCES: dict[str, tuple[str, ...]] = {
+    # batch 1: 3 and batch 2: 2 were v5's best (k = 2..4 within 0.04x at batch 1); with v14 at batch 1, k = 4 ran
+    # 0.88x k = 3's tokens/s. With v14 at batch 3, 4, 5 and 8 (k = 1 / k = 2 against plain): 1.06x / 1.14x,
+    # 1.14x / 1.01x, 1.14x / 1.12x, 0.92x / 0.77x; batch 6 and 7 were not measured and decode plainly.
+    "CPU_DRAFT_LENS.specformer": (_RESULTS + "draft_len_cpu_v5.json", _RESULTS + "draft_len_cpu_v14_k34.json",
+                                  _RESULTS + "draft_len_cpu_v14_b3458.json"),
+    # batch 1: a round of up to 3 drafts costs a plain step, 7 is the cheapest width a copied span can use
+    # (ngram_widths), and each source at its default on the three prompt sets at batch 1 (with v7 as the
+    # SpecFormer drafter); batch 2's lengths come from development sweeps on the six editing prompts of
+    # benchmarks/ngram/editing-dev.jsonl that were not committed.
+    "CPU_DRAFT_LENS.ngram": (_RESULTS + "ngram_widths_cpu.json", *_NGRAM_SETS),
+    "CPU_DRAFT_LENS.hybrid": _NGRAM_SETS,
+    # No measurement committed: no GPU or TPU was lent to the n-gram work.
+    "ACCELERATOR_NGRAM_DRAFTS": (),
+    # 2, 3 or 4 verified drafts: 1.57x, 1.57x and 1.54x plain decoding at batch 1 on the development prompts.
+    "HYBRID_CPU_MODEL_DRAFTS": (_RESULTS + "hybrid_model_len_dev_cpu.json",),
+    # No measurement committed: development sweeps on the six editing prompts (accepted length 2.12 with 2, 2.08
+    # with 3, 1.90 with 1 at batch 1).
+    "HYBRID_MIN_MATCH": (),
+    # On a CPU: the rounds a larger R wastes after a request finished (tokens/s was noise there); GPU timings of R
+    # are not committed.
+    "CHUNK_ROUNDS": (_RESULTS + "chunk_rounds_cpu.json",),
+    # What the margin costs on a CPU: auto predicted 1.12x for k = 1 and decoded plainly, where k = 1 then ran 1.20x
+    # (that run's file, bench_cpu_quiet.json, has left the tree: git history keeps it). The H100 run that chose
+    # k = 1 at batch 64 with a 5% margin (predicted 1.13x, measured 0.99x) kept no result file.
+    "AUTO_MARGIN": (_RESULTS + "bench_cpu_auto_quiet.json",),
+}
+
+
+def for_pool(table: dict[int | range, int], pool_size: int, otherwise: int = 0) -> int:
+    """The table's value for a pool of `pool_size` rows, `otherwise` where it lists none (0: plain decoding)."""
+    for sizes, value in table.items():
+        if pool_size in (sizes if isinstance(sizes, range) else (sizes,)):
+            return value
+    return otherwise
+
+
+def pool_table_text(table: dict[int | range, int]) -> str:
+    """A table in words: {1: 3, 2: 2, range(3, 5): 1} -> "3 at batch 1, 2 at batch 2, 1 at batch 3-4"."""
+    sizes = lambda s: f"{s.start}-{s.stop - 1}" if isinstance(s, range) else str(s)
+    return ", ".join(f"{value} at batch {sizes(s)}" for s, value in table.items())
+
+
+def draft_len_defaults_text() -> str:
+    """The default draft lengths in words, for help texts and docstrings."""
+    cpu = "; ".join(f"{kind} {pool_table_text(table)}" for kind, table in CPU_DRAFT_LENS.items())
+    return (f"every trained slot on a GPU/TPU ({ACCELERATOR_NGRAM_DRAFTS} for ngram); on a CPU: {cpu}, plain decoding "
+            "at other batch sizes; 1 on a CPU without its kernels (a bfloat16 model, a mesh)")
