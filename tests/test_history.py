@@ -15,7 +15,8 @@ HISTORY = ROOT / "history"
 
 
 def table() -> dict[str, tuple[str, str, str]]:
-    rows = [line.split("\t") for line in (HISTORY / "drafters.tsv").read_text().splitlines() if not line.startswith("#")]
+    lines = (HISTORY / "drafters.tsv").read_text().splitlines()
+    rows = [line.split("\t") for line in lines if not line.startswith("#")]
     return {name: (commit, path, sha) for name, commit, path, sha in rows}
 
 
