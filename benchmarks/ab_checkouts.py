@@ -56,7 +56,7 @@ def side_rates(doc: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--before", type=Path, required=True, help="checkout of the older code")
     ap.add_argument("--after", type=Path, required=True, help="checkout of the newer code")
     ap.add_argument("--repeats", type=int, default=3, help="bench runs of each checkout")

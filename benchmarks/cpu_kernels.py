@@ -49,7 +49,7 @@ def attention(kernel: bool, lengths):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--rows", default="1,2,5,8,16,40")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--context", type=int, default=72, help="cached tokens a row in the attention chain")

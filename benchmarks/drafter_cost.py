@@ -71,7 +71,7 @@ def draft_seconds(model, drafter: LoadedDrafter, batch: int, k: int, context: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default="default")
     ap.add_argument("--arms", default="v4,draft_vocab:16384,draft_vocab:8192,next_token,context_token,k8",
                     help=f"drafters to time: {', '.join(ARMS)}, draft_vocab:N")

@@ -29,9 +29,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from specformer_jax import resolve_drafter
 from specformer_jax.assets import prompt_set
 from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.cli.args import parse_drafter
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import specformer_part
 from specformer_jax.decoding.encode import read_prompts_file
@@ -92,7 +92,7 @@ def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default="default")
     ap.add_argument("--drafters", required=True, help="comma-separated drafter directories ('default': the shipped)")
     ap.add_argument("--draft-lens", default="1,4")
@@ -107,7 +107,7 @@ def main() -> None:
     names = args.drafters.split(",")
     if len(set(names)) != len(names):
         raise SystemExit("--drafters: each drafter once")
-    drafters = {name: parse_drafter(name.partition("@")[0], model) for name in names}
+    drafters = {name: resolve_drafter(name.partition("@")[0], model) for name in names}
     options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
     prompts = read_prompts_file(prompt_set(args.prompts))
     rows = []

@@ -20,14 +20,13 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drafter_decode import batch_row  # noqa: E402
 
-from specformer_jax import defaults  # noqa: E402
+from specformer_jax import defaults, resolve_drafter  # noqa: E402
 from specformer_jax.checkpoints.loader import load_target  # noqa: E402
-from specformer_jax.cli.args import parse_drafter  # noqa: E402
 from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--prompts", default="benchmarks/ngram/editing-dev.jsonl")
     ap.add_argument("--draft-len", type=int, default=7)
     ap.add_argument("--model-lens", default="2,3,4")
@@ -37,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     model = load_target("default")
     prompts = read_prompts_file(Path(args.prompts))
-    hybrid, alone = parse_drafter("default+ngram", model), parse_drafter("default", model)
+    hybrid, alone = resolve_drafter("default+ngram", model), resolve_drafter("default", model)
     options = {"plain": {}, "specformer@2": {"drafter": alone, "draft_len": 2}}
     model_lens = {f"hybrid@{args.draft_len}, model_len {m}": m for m in map(int, args.model_lens.split(","))}
     options |= {name: {"drafter": hybrid, "draft_len": args.draft_len} for name in model_lens}

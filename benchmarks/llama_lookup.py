@@ -76,7 +76,7 @@ def side_totals(runs: list[dict], plain: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--llama-lookup", default=shutil.which("llama-lookup"), help="the llama-lookup executable")
     ap.add_argument("--prompts", default="editing", help="a prompt set (chat, code, editing) or a JSONL file")
     ap.add_argument("--num-prompts", type=int, default=20)

@@ -36,7 +36,7 @@ class VerifyUnmatched(NgramDrafts):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--prompts", default="benchmarks/ngram/editing-dev.jsonl", help="a prompt set or JSONL file")
     ap.add_argument("--batch-sizes", default="1,2")
     ap.add_argument("--draft-len", type=int, default=4)

@@ -27,7 +27,7 @@ from specformer_jax.decoding.encode import read_prompts_file  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--draft-lens", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)

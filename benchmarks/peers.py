@@ -85,7 +85,7 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True, help="result JSON file")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 8], help="comma-separated (default 1,8)")
     p.add_argument("--max-new-tokens", type=_positive, default=64)
@@ -388,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(os.cpu_count())
     from specformer_jax.checkpoints.default import default_model_path
-    from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.names import resolve_drafter
     from specformer_jax.files import write_json
 
     print("peers: loading the default model, the drafter and transformers' model", file=log)
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = _first_prompts(model, args.prompts, args.num_prompts)
     hf, hf_weights = load_transformers(model, gguf_path)
     tools = {"ours": ours_tool(model, ids, args.max_new_tokens),
-             "ours_speculative": ours_tool(model, ids, args.max_new_tokens, load_drafter("default", model)),
+             "ours_speculative": ours_tool(model, ids, args.max_new_tokens, resolve_drafter("default", model)),
              "transformers": transformers_tool(hf, ids, args.max_new_tokens, model.eos_ids)}
     llama, llama_facts = llama_tools(gguf_path, args.max_new_tokens, log)
     doc = {"command": " ".join(sys.argv if argv is None else ["benchmarks/peers.py", *argv]),

@@ -44,7 +44,7 @@ def one_side(args, extra: dict, out: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--config", default="configs/drafter-smollm2.yaml", help="the recipe (v4's by default)")
     p.add_argument("--data", required=True)
     p.add_argument("--states", required=True, help="a cache-states directory of --data")

@@ -29,6 +29,7 @@ _EXPORTS = {
     "load_target": "specformer_jax.checkpoints.loader",
     "load_train_config": "specformer_jax.training.train_config",
     "read_distilled": "specformer_jax.training.data.dataset",
+    "resolve_drafter": "specformer_jax.decoding.names",
     "sample_prompts": "specformer_jax.training.data.self_prompts",
     "train": "specformer_jax.training.trainer",
 }

@@ -4,6 +4,7 @@ for what users point us at, and output places probed before any long work."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -28,10 +29,14 @@ def cache_dir() -> Path:
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w"):
     """A file object on a temporary file beside `path`, renamed over `path` when the block ends without error:
-    readers see the old or the new file, never part of one."""
+    readers see the old or the new file, never part of one. An OSError of the write (a full disk, a read-only
+    directory) names `path`, not the temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY)
+    except OSError as e:
+        raise _naming(e, path) from None
     try:
         os.chmod(tmp, _mode_for(path))  # mkstemp makes it private (0600)
         with os.fdopen(fd, mode) as f:
@@ -39,9 +44,30 @@ def atomic_open(path: Path, mode: str = "w"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # KeyboardInterrupt included: leave no temporary file behind
+    except BaseException as e:  # KeyboardInterrupt included: leave no temporary file behind
         os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            raise _naming(e, path) from None
         raise
+
+
+TEMPORARY = ".tmp"  # atomic_open's temporary files are .NAME.XXXXXXXX.tmp beside NAME
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """`e` naming `path` (a failed write names no file, a failed mkstemp or rename the temporary one)."""
+    if e.errno is None:  # raised without one (OSError("text")): nothing to rebuild it from
+        return e
+    return type(e)(e.errno, e.strerror, str(path))
+
+
+def remove_temporaries(path: Path) -> None:
+    """Remove the temporary files that atomic_open left beside `path` when its process was killed (SIGKILL, a lost
+    machine): call it where no other process writes `path` (an output directory of one's own), before writing it."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*{TEMPORARY}"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
 
 
 def _mode_for(path: Path) -> int:
@@ -72,6 +98,24 @@ def write_atomic(path: Path, text: str) -> None:
 def write_json(path: Path, doc) -> None:
     """`doc` as indented JSON, written atomically."""
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def append_line(path: Path, line: str) -> None:
+    """`line` and a newline appended to `path` (a log such as metrics.jsonl). A write that fails (a full disk)
+    leaves the file as it was, with no part of the line and no empty file where there was none, and its error names
+    the file."""
+    path = Path(path)
+    size = path.stat().st_size if path.exists() else None
+    try:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            if size is None:
+                path.unlink()
+            else:
+                os.truncate(path, size)
+        raise _naming(e, path) from None
 
 
 def save_figure(fig, path: Path) -> None:

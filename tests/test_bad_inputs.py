@@ -203,7 +203,8 @@ def tiny_model(tiny_checkpoints):
     ([[1, 5]], {"temperature": None}, "temperature must be a non-negative finite number"),
     ([[1, 5]], {"temperature": 1.0, "top_k": 2.5}, "top_k must be a non-negative integer"),
     ([[1, 5]], {"draft_len": 2}, "needs a drafter"),
-    ([[1, 5]], {"drafter": "default"}, "drafter must be what load_drafter"),
+    ([[1, 5]], {"drafter": 3}, r"drafter must be a loaded drafter \(what resolve_drafter\(name, model\)"),
+    ([[1, 5]], {"drafter": "default"}, "was made for a different target"),  # v14, for SmolLM2
     ([[1, 5]], {"mesh": "bogus"}, "mesh"),
     ({"prompt": "Hi"}, {}, "wrap a single prompt"),  # decoded the key "prompt"
     ({"Hi", "Bye"}, {}, "got a set: its order is arbitrary"),  # results came in arbitrary order
@@ -299,8 +300,10 @@ def test_models_and_drafters_that_are_not_paths(tiny_model):
 
     with pytest.raises(SpecformerError, match="model must be a path or 'default', got 123"):
         load_target(123)
-    with pytest.raises(SpecformerError, match="drafter must be a path or 'default', got None"):
+    with pytest.raises(SpecformerError, match="drafter must be a drafter directory, got None"):
         load_drafter(None, tiny_model)
+    with pytest.raises(SpecformerError, match="model is empty: give a path or 'default'"):
+        load_target("")  # was read as the current directory
 
 
 @pytest.mark.parametrize("model", ["default", None])
@@ -308,12 +311,14 @@ def test_a_path_where_a_loaded_model_goes_is_one_line(model, tmp_path):
     """Each raised a raw AttributeError: the functions take what load_target returns."""
     from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.decoding.api import generate_stream
+    from specformer_jax.decoding.names import resolve_drafter
     from specformer_jax.training.data.distill import distill
     from specformer_jax.training.evaluate import evaluate_drafter
 
     expected = r"must be a loaded target \(what load_target\(path\) returns\), got"
     for call in (lambda: generate(model, [[1, 5]]), lambda: generate_stream(model, [[1, 5]]),
-                 lambda: load_drafter("default", model), lambda: distill(model, [[1, 5]], tmp_path / "d"),
+                 lambda: load_drafter("default", model), lambda: resolve_drafter("default", model),
+                 lambda: distill(model, [[1, 5]], tmp_path / "d"),
                  lambda: evaluate_drafter(model, None, [{"input_ids": [1, 5]}])):
         with pytest.raises(SpecformerError, match=expected):
             call()

@@ -53,7 +53,7 @@ def test_every_default_names_where_it_was_measured():
 def test_the_draft_len_help_shows_the_tables(capsys, monkeypatch, command):
     shown = option_help(help_text(capsys, monkeypatch, command), "--draft-len")
     for kind, table in defaults.CPU_DRAFT_LENS.items():
-        assert f"{kind} " + ", ".join(f"{k} at batch {b}" for b, k in table.items()) in shown
+        assert f"{kind} {defaults.pool_table_text(table)}" in shown
     assert f"({defaults.ACCELERATOR_NGRAM_DRAFTS} for ngram)" in shown
     monkeypatch.setattr(defaults, "CPU_DRAFT_LENS", {"specformer": {1: 5, range(2, 4): 1}, "ngram": {1: 9}})
     monkeypatch.setattr(defaults, "ACCELERATOR_NGRAM_DRAFTS", 6)

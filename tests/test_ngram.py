@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup, parse_ngram
+from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup
 from specformer_jax.errors import SpecformerError
 
 
@@ -71,9 +71,8 @@ def test_history_grows_by_what_rows_kept():
     assert np.asarray(hist.tokens).tolist() == [[0, 0, 5, 6, 7, 0, 0, 0], [8, 0, 0, 0, 0, 0, 0, 0]]
 
 
-def test_settings_are_checked():
-    assert parse_ngram("ngram") == NgramDrafts(4, 1)
-    assert parse_ngram("ngram:2-5") == NgramDrafts(max_n=5, min_n=2)
-    for bad in ("ngram:5-2", "ngram:0-3", "ngram:x", "ngram:2"):
+def test_settings_are_checked():  # the strings that name them: test_drafter_names.py
+    assert NgramDrafts() == NgramDrafts(4, 1)
+    for max_n, min_n in ((2, 5), (3, 0), (65, 1)):
         with pytest.raises(SpecformerError):
-            parse_ngram(bad)
+            NgramDrafts(max_n=max_n, min_n=min_n)

@@ -10,9 +10,7 @@ import jax
 import pytest
 from test_engine import BUDGETS, PROMPTS, N, plain_alone, run
 
-from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.cli.args import parse_drafter
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.api import generate
@@ -21,6 +19,7 @@ from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
 from specformer_jax.decoding.drafts.kinds import draft_source, max_draft_len
 from specformer_jax.decoding.drafts.ngram import NgramDrafts
 from specformer_jax.decoding.engine.plan import make_plan
+from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.decoding.tuning.draft_len import default_draft_len, hybrid_model_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
@@ -96,8 +95,7 @@ def test_copied_text_is_drafted_and_accepted(smollm2):
     res = generate(smollm2, COPY, max_new_tokens=40, batch_size=2, drafter="ngram", draft_len=6)
     assert res.token_ids == plain.token_ids
     assert res.stats["mean_accepted_length"] > 3 and set(res.stats["by_source"]) == {"ngram", "no_match"}
-    hybrid = generate(smollm2, COPY, max_new_tokens=40, batch_size=2, drafter=Hybrid(load_drafter("default", smollm2)),
-                      draft_len=6)
+    hybrid = generate(smollm2, COPY, max_new_tokens=40, batch_size=2, drafter="default+ngram", draft_len=6)
     assert hybrid.token_ids == plain.token_ids
     assert hybrid.stats["by_source"]["ngram"]["mean_accepted_length"] > 3
 
@@ -124,12 +122,12 @@ def test_default_and_largest_draft_lengths(model):
 
 
 def test_names_are_parsed_or_refused(model, tmp_path):
-    assert parse_drafter("ngram", model) == NgramDrafts()
-    assert parse_drafter("ngram:2-6", model) == NgramDrafts(max_n=6, min_n=2)
+    assert resolve_drafter("ngram", model) == NgramDrafts()
+    assert resolve_drafter("ngram:2-6", model) == NgramDrafts(max_n=6, min_n=2)
     for bad, message in (("+ngram", "DRAFTER\\+ngram"), ("ngram:3", "ngram:MIN-MAX"),
                          (f"{tmp_path}/none+ngram", "does not exist")):
         with pytest.raises(SpecformerError, match=message):
-            parse_drafter(bad, model)
+            resolve_drafter(bad, model)
     with pytest.raises(SpecformerError, match="min_match"):
         Hybrid(specformer(model), NgramDrafts(max_n=2), min_match=3)
 

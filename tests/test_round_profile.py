@@ -9,15 +9,15 @@ import json
 import pytest
 
 from specformer_jax.bench.round_profile import ROUND_PARTS, STEP_PARTS, profile_rounds, render_markdown
-from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
+from specformer_jax.decoding.names import resolve_drafter
 
 
 @pytest.mark.slow  # CI time: the CLI test below profiles end to end in `make test`, on one batch size and k
 def test_profile_document():
     model = load_target("random:tiny", dtype="float32")
-    drafter = load_drafter("random", model)
+    drafter = resolve_drafter("random", model)
     seen = []
     doc = profile_rounds(model, drafter, batch_sizes=[1, 2], draft_lens=[1, 3], context=20, chunk_rounds=2,
                          repeats=1, on_progress=lambda d: seen.append(d["complete"]), log=False)
@@ -49,7 +49,7 @@ def test_cli_writes_the_json_and_the_table(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--drafter", "none"], "needs a drafter"),
+    (["--drafter", "none"], "profile-round takes a SpecFormer drafter"),
     (["--draft-lens", "9"], "--draft-lens must lie in 1..8"),
     (["--context", "0"], "--context"),
 ])

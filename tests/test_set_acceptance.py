@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.cli import main
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
@@ -25,6 +24,7 @@ from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import run_chunk
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.pool import cache_len, empty_pool, insert
+from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.errors import SpecformerError
 
 PROMPTS = [[(11 * i + 5 * r + 3) % 250 + 1 for i in range(n)] for r, n in enumerate([6, 17, 3, 25, 9, 12])]
@@ -35,7 +35,7 @@ GREEDY = SamplingConfig(0.0, 0, 1.0)
 def tiny():
     """random:tiny in float32 (exact comparisons) with a random drafter of 8 slots."""
     model = load_target("random:tiny", dtype="float32")
-    return model, load_drafter("random", model)
+    return model, resolve_drafter("random", model)
 
 
 def test_random_targets_have_the_published_shapes_and_no_eos(tiny):

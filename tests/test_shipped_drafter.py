@@ -1,9 +1,10 @@
-"""The shipped drafters decode exactly as they did when their files under `data/` were recorded: the same tokens and
-the same stats (accepted lengths, per-slot acceptance, rounds); greedy speculative output equals the plain output
-recorded there. And after decoding, the weights live once. v4's file was first recorded with the code of commit
-0f42673 (before the drafter became a typed value); rewritten when v4 shipped with its draft vocabulary (issue 34): the
-greedy case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution and so
-samples other (equally distributed) tokens. v12's was recorded when it shipped as the default (issue 33), and
+"""The shipped drafter (v14) and the two shipped before it (v12, v4: restored from the repository's history by
+history/restore.sh and loaded by path) decode exactly as they did when their files under `data/` were recorded: the
+same tokens and the same stats (accepted lengths, per-slot acceptance, rounds); greedy speculative output equals the
+plain output recorded there. And after decoding, the weights live once. v4's file was first recorded with the code of
+commit 0f42673 (before the drafter became a typed value); rewritten when v4 shipped with its draft vocabulary (issue
+34): the greedy case kept its tokens and stats, the sampled one draws its drafts from the vocabulary's distribution
+and so samples other (equally distributed) tokens. v12's was recorded when it shipped as the default (issue 33), and
 kept, renamed, when v14 replaced it; v14's when it shipped. All on the 2-core CPU machine.
 
 A file is rewritten only by hand, for a change that is meant to alter drafting:
@@ -14,19 +15,24 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import jax
 import pytest
 
+from specformer_jax.assets import DEFAULT_DRAFTER, SHIPPED_DRAFTERS
 from specformer_jax.checkpoints.drafter_io import load_drafter
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.errors import SpecformerError
+from specformer_jax.files import file_sha256
 
 DATA = Path(__file__).parent / "data"
+HISTORY = Path(__file__).resolve().parents[1] / "history"
 EXPECTED = {"default": DATA / "shipped_drafter.json", "v12": DATA / "shipped_drafter_v12.json",
-            "v4": DATA / "shipped_drafter_v4.json"}  # by drafter name
+            "v4": DATA / "shipped_drafter_v4.json"}  # by drafter name (v12, v4: history/drafters/NAME)
 PROMPTS = ["What is the capital of France?", "Write one sentence about why the sky is blue.",
            "Give me three tips for writing clear Python code."]
 CASES = {  # name -> generate options (with the shipped drafter)
@@ -50,11 +56,24 @@ def model():
     return model
 
 
+@pytest.fixture(scope="module")
+def history_drafters() -> Path:
+    """history/drafters, with v12 and v4 brought back from the commit history/drafters.tsv names (their sha256
+    checked there); a clone without that history fails here, with restore.sh's line."""
+    run = subprocess.run(["bash", str(HISTORY / "restore.sh"), "v12", "v4"], capture_output=True, text=True)
+    if run.returncode:
+        pytest.fail(f"bash history/restore.sh v12 v4: {(run.stderr or run.stdout).strip().splitlines()[-1]}")
+    return HISTORY / "drafters"
+
+
 # CI time: v4, of another shape (its own compiled programs), is checked with -m slow
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n == "v4" else n for n in EXPECTED])
 def decoded(model, request):
     """(the drafter's name, what it decoded in each case)."""
-    drafter, out = load_drafter(request.param, model), {}
+    name = request.param
+    drafter = (resolve_drafter(name, model) if name == "default" else
+               load_drafter(request.getfixturevalue("history_drafters") / name, model))
+    out = {}
     for name, options in CASES.items():
         result = generate(model, PROMPTS, drafter=drafter, max_new_tokens=MAX_NEW, **options)
         out[name] = {"token_ids": result.token_ids, "stats": {k: result.stats[k] for k in STATS if k in result.stats}}
@@ -83,17 +102,27 @@ def test_the_weights_live_once_after_decoding(model, decoded):
     assert live_bytes() <= model.live_bytes_at_load + 16 * 2**20
 
 
-def test_the_shipped_drafters_load_by_name(model, tmp_path, monkeypatch):
-    """"default" is v14 (v12 averaged with two continuations of it, the same shape), "v12" and "v4" drafters before
-    it (v12 sees the emitted token at its slots and its context layer, v4 does not); v5 to v11 are no longer shipped
-    and v13 never was; a directory that shares a name is given as ./NAME."""
-    v4, v12, v14 = (load_drafter(name, model) for name in ("v4", "v12", "default"))
+def test_one_drafter_ships_and_the_earlier_ones_load_by_path(model, history_drafters, tmp_path, monkeypatch):
+    """"default" is v14 (v12 averaged with two continuations of it, the same shape), the one drafter in the package.
+    v12 and v4 shipped before it (v12 sees the emitted token at its slots and its context layer, v4 does not); they,
+    and v5 to v11, are refused by name with the command that restores them and the path to give then; v13 never was
+    a drafter; a directory that shares a name is given as ./NAME."""
+    assert list(SHIPPED_DRAFTERS) == ["v14"]
+    v14 = resolve_drafter("default", model)
+    assert resolve_drafter("v14", model).sha256 == v14.sha256 == file_sha256(DEFAULT_DRAFTER / "params.safetensors")
+    v4, v12 = (load_drafter(history_drafters / name, model) for name in ("v4", "v12"))
     assert not v4.cfg.next_token_input and not v4.cfg.context_token_input
     assert v12.cfg.next_token_input and v12.cfg.context_token_input and v14.cfg == v12.cfg
-    assert load_drafter("v14", model).sha256 == v14.sha256 and len({v4.sha256, v12.sha256, v14.sha256}) == 3
-    for gone in ("v5", "v10", "v11", "v13"):
-        with pytest.raises(SpecformerError, match=r"shipped drafter: default, v14, v12, v4"):
-            load_drafter(gone, model)
+    assert len({v4.sha256, v12.sha256, v14.sha256}) == 3
+    for gone in ("v4", "v5", "v10", "v11", "v12"):
+        with pytest.raises(SpecformerError) as refused:
+            resolve_drafter(gone, model)
+        assert str(refused.value) == (f"drafter '{gone}' is not shipped with the package (only v14 is): restore it "
+                                      f"with 'bash history/restore.sh {gone}' and pass its directory, "
+                                      f"history/drafters/{gone}")
+    assert history_drafters == HISTORY / "drafters"  # where the line says restore.sh puts them
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SpecformerError, match=r"v4 does not exist .*shipped drafter: default, v14, v12, v4"):
-        load_drafter("./v4", model)
+    with pytest.raises(SpecformerError, match=r"^drafter 'v13' does not exist: give default, v14, a drafter directory"):
+        resolve_drafter("v13", model)
+    with pytest.raises(SpecformerError, match=r"^drafter './v14' does not exist"):
+        resolve_drafter("./v14", model)

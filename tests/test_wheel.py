@@ -12,7 +12,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from specformer_jax.assets import SHIPPED_DRAFTERS
+from specformer_jax.assets import DEFAULT_DRAFTER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,9 +34,11 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
          source])
     (wheel,) = (tmp_path / "dist").glob("specformer_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    drafters = [f"{path.name}/params.safetensors" for path in SHIPPED_DRAFTERS.values()]  # each one loadable by name
-    for asset in ("eval-prompts.jsonl", "builtin-prompts.json", *drafters):
+    for asset in ("eval-prompts.jsonl", "builtin-prompts.json", f"{DEFAULT_DRAFTER.name}/params.safetensors"):
         assert f"specformer_jax/assets/{asset}" in names
+    # one drafter in the package: the shipped one (earlier ones are restored from the repository's history)
+    shipped = f"specformer_jax/assets/{DEFAULT_DRAFTER.name}/drafter.json"
+    assert [n for n in names if n.endswith("/drafter.json")] == [shipped]
     assert "pallas_kernels/cpu.cc" in names  # compiled on first use
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])

@@ -31,7 +31,7 @@ def prompts(path: Path) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("sampled", type=Path, nargs="+", help="sampled prompt files, kept in this order")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--num", type=int, default=None, help="keep at most this many")

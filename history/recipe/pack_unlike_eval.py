@@ -32,7 +32,7 @@ def nearest(prompt: str, evals: dict[str, str]) -> tuple[float, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("distilled", type=Path)
     ap.add_argument("prompts", type=Path, help="the prompts file the run was distilled from")
     ap.add_argument("--out", type=Path, required=True)

@@ -65,7 +65,7 @@ def plot(numbers: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("runs", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()

@@ -95,6 +95,8 @@ def load_results(paths: list[Path]) -> list[dict]:
             raise SpecformerError(f"{p} is a bench-kernels result; report reads specformer bench files")
         if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
             raise SpecformerError(f"{p} is not a `specformer bench` result file")
+        if any(isinstance(r, dict) and "parts_seconds" in r for r in doc["results"]):
+            raise SpecformerError(f"{p} is a profile-round result; report reads specformer bench files")
         if "model_facts" not in doc:
             raise SpecformerError(f"{p} records no model facts (an older bench file): run `specformer bench` again")
         if not doc["results"]:

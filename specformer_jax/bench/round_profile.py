@@ -42,6 +42,7 @@ from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import run_chunk, target_logits, target_pass, update
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.pool import cache_len, empty_pool, insert
+from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
 
@@ -55,6 +56,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
     """The profile document: per batch size the plain step and a round with each k of `draft_lens`, their parts and
     the ratios (rounds in plain steps, the parts' sum over the whole). `on_progress` gets the document after every
     batch size ("complete": false until the last)."""
+    _check_positions(model, context, chunk_rounds, max(draft_lens))
     doc = {"context": context, "chunk_rounds": chunk_rounds, "repeats": repeats,
            "drafter_sha256": drafter.sha256, "draft_vocab_size": drafter.cfg.draft_vocab_size,
            "dtype": model.cfg.dtype, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
@@ -84,6 +86,16 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
         if on_progress:
             on_progress(doc)
     return doc
+
+
+def _check_positions(model: LoadedTarget, context: int, chunk_rounds: int, k: int) -> None:
+    """Refuse a context whose timed rounds run past the positions the model was trained on (a chunk of
+    `chunk_rounds` rounds of k drafts writes up to chunk_rounds * (k + 1) tokens after it)."""
+    reach, limit = context + chunk_rounds * (k + 1), model.cfg.max_position
+    if reach > limit:
+        raise SpecformerError(f"context {context} with a chunk of {chunk_rounds} rounds of up to {k} drafts reaches "
+                              f"position {reach}, past the model's {limit}: give a context of at most "
+                              f"{limit - chunk_rounds * (k + 1)}")
 
 
 def _layout(model: LoadedTarget) -> dict:

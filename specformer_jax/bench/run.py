@@ -21,15 +21,17 @@ from typing import Callable
 
 import flax
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specformer_jax.bench.roofline import measure_device, model_facts
 from specformer_jax.decoding.api import generate
-from specformer_jax.decoding.drafts.kinds import Drafter, specformer_part
+from specformer_jax.decoding.drafts.kinds import Drafter, kind_name, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
 from specformer_jax.decoding.tuning.draft_len import checked_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen
+from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedTarget
 
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
@@ -42,7 +44,8 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
                   chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log: bool = True,
-                  on_progress: Callable[[dict], None] | None = None, set_acceptance: list[float] | None = None) -> dict:
+                  on_progress: Callable[[dict], None] | None = None, set_acceptance: list[float] | None = None,
+                  drafter_name: str | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
     speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`).
@@ -52,14 +55,20 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
     `set_acceptance`: rates; each batch size gets a row per rate, its speculative side decoded with acceptance set
     at that rate (decoding/api.py): a cost measurement, its text meaningless. A model without a tokenizer (random
     weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
-    on stderr."""
+    on stderr, and one before the first saying what will run (the drafter called `drafter_name`, default its kind).
+    A batch size whose KV cache cannot fit in the free memory is refused before anything runs."""
     prompts = synthetic_prompts(model, prompts)
     draft_len = checked_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
+    ids, requests = encode_prompts(model, prompts), {bs: num_requests or max(bs, len(prompts)) for bs in batch_sizes}
+    check_memory(model, ids, requests, max_new_tokens, mesh)
+    if log:
+        _announce(drafter_name or (kind_name(drafter) if drafter is not None else None), draft_len, requests,
+                  max_new_tokens, repeats, schedules, len(set_acceptance or [None]))
     loaded = specformer_part(drafter)  # what weights it drafts with (none: the n-gram lookup)
     doc = {
         "drafter_sha256": loaded.sha256 if loaded else None,  # `sha256sum params.safetensors` of the drafter
         "draft_len": "auto" if isinstance(draft_len, AutoDraftLen) else "default" if draft_len is None else draft_len,
-        "mean_prompt_tokens": sum(map(len, encode_prompts(model, prompts))) / len(prompts),
+        "mean_prompt_tokens": sum(map(len, ids)) / len(ids),
         "model_facts": model_facts(model.cfg, loaded and loaded.cfg, model.params, loaded and loaded.params),
         "device_measured": measure_device(model.cfg.dtype),
         "dtype": model.cfg.dtype,
@@ -84,11 +93,10 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=sys.stderr)
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
-        count = num_requests or max(bs, len(prompts))
-        requests = [prompts[i % len(prompts)] for i in range(count)]
+        stream = [prompts[i % len(prompts)] for i in range(requests[bs])]
         for rate in set_acceptance or [None]:
             spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate)
-            row = _batch_size_row(model, drafter, requests, repeats, engine, spec_kw, schedules)
+            row = _batch_size_row(model, drafter, stream, repeats, engine, spec_kw, schedules)
             doc["results"].append(row)
             if log:
                 _log_row(row)
@@ -96,6 +104,68 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         if on_progress:
             on_progress(doc)
     return doc
+
+
+def _announce(drafter: str | None, draft_len, requests: dict[int, int], max_new_tokens: int, repeats: int,
+              schedules: tuple[str, ...], rows_per_size: int) -> None:
+    """Say what the run will decode before it starts (a large batch size runs for a long while)."""
+    sizes = ", ".join(f"{bs} ({n:,} requests)" for bs, n in requests.items())
+    k = ("k auto, chosen per batch size" if isinstance(draft_len, AutoDraftLen) else
+         "k the default of each batch size" if draft_len is None else f"k = {draft_len}")
+    sides = f"plain and speculative (drafter {drafter}, {k})" if drafter is not None else "plain"
+    runs = 1 + repeats
+    rows = f", {rows_per_size} rows per batch size" if rows_per_size > 1 else ""
+    print(f"specformer bench: batch sizes {sizes}, up to {max_new_tokens} new tokens each; {sides} decoding under "
+          f"{' and '.join(schedules)}, each side {runs} times (one untimed){rows}", file=sys.stderr)
+
+
+def check_memory(model: LoadedTarget, ids: list[list[int]], requests: dict[int, int], max_new_tokens: int,
+                 mesh=None) -> None:
+    """Refuse, before anything runs, a batch size whose KV cache alone cannot fit in the memory free for it (the
+    device's, on a CPU the host's): it would fail after minutes of decoding the smaller ones, or swap."""
+    free = free_memory(mesh)
+    if free is None:
+        return
+    cfg = model.cfg
+    positions = max(map(len, ids)) + max_new_tokens
+    row = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * positions * np.dtype(jnp.dtype(cfg.dtype)).itemsize
+    for bs, count in requests.items():
+        need = min(bs, count) * row
+        if need > free:
+            raise SpecformerError(f"batch size {bs} cannot run here: its KV cache alone takes {need / 2**30:,.1f} "
+                                  f"GiB ({min(bs, count):,} rows of {positions} positions), and {free / 2**30:,.1f} "
+                                  f"GiB are free on the {_where(mesh)} (room for {free // row:,} rows)")
+
+
+def free_memory(mesh=None) -> int | None:
+    """Bytes free for decoding's caches: on a CPU the host's available memory; else, on the first device or every
+    device of `mesh`, its limit less what it holds. None where the platform does not say."""
+    devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+    if devices[0].platform == "cpu":
+        return host_available_memory()
+    stats = [d.memory_stats() or {} for d in devices]
+    if not all("bytes_limit" in s for s in stats):
+        return None
+    return sum(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
+
+
+def host_available_memory() -> int | None:
+    """The host's available memory (Linux's MemAvailable: free memory and caches it can drop), else its total."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+
+
+def _where(mesh) -> str:
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return "host"
+    return f"{mesh.devices.size} devices of the mesh" if mesh is not None else f"device ({device.device_kind})"
 
 
 def _batch_size_row(model, drafter, requests: list[Prompt], repeats: int, engine: dict, spec_kw: dict,

@@ -13,12 +13,11 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
-from specformer_jax.assets import DEFAULT_DRAFTER, SHIPPED_DRAFTERS
 from specformer_jax.checkpoints.loader import checked_path, refuse_non_finite
 from specformer_jax.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.errors import SpecformerError
-from specformer_jax.files import file_sha256, write_json
+from specformer_jax.files import file_sha256, remove_temporaries, write_json
 from specformer_jax.modeling.drafter import DrafterParams, init_drafter
 from specformer_jax.modeling.loaded import (
     LoadedDrafter,
@@ -38,9 +37,12 @@ VOCAB_KEY = "draft_vocab"
 def save_drafter(path: str | Path, cfg: DrafterConfig, params: DrafterParams, target: TargetConfig, *,
                  dtype="bfloat16", meta=None, vocab_meta: dict | None = None):
     """Write the drafter directory; the weights in bfloat16 by default to keep the file small (a draft vocabulary's
-    token ids stay int32). vocab_meta: what the draft vocabulary covers (training/draft_vocab.py, vocab_meta)."""
+    token ids stay int32). vocab_meta: what the draft vocabulary covers (training/draft_vocab.py, vocab_meta). A
+    save that was killed before it finished left temporary files: this one removes them."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    for name in ("params.safetensors", "drafter.json"):
+        remove_temporaries(path / name)
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     flat = traverse_util.flatten_dict(jax.device_get(params.weights), sep="/")
     tensors = {k: np.asarray(v, np.float32).astype(np_dtype) for k, v in flat.items()}
@@ -57,23 +59,22 @@ def file_meta(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in ("drafter", "target", "eval", VOCAB_KEY)}
 
 
-def _drafter_dir(path: str | Path) -> Path:
-    """A drafter directory ("default", or a name of SHIPPED_DRAFTERS: one shipped for the default model; a directory
-    of the same name is given as ./NAME)."""
-    name = path if isinstance(path, str) else None  # text may name a shipped drafter; a Path is a directory
-    path = checked_path("drafter", path)
-    shipped = {"default": DEFAULT_DRAFTER, **SHIPPED_DRAFTERS}.get(name)
-    if shipped is None:
-        return path.expanduser()
-    if not (shipped / "drafter.json").is_file():
-        raise SpecformerError(f"this installation does not ship the drafter {name}; pass a drafter directory")
-    return shipped
+def drafter_dir(path: str | Path) -> Path:
+    """`path` when it is a drafter directory (one holding drafter.json), else one line saying what it is. Names
+    ("default", "ngram", ...) are read by decoding/names.py (resolve_drafter), not here."""
+    path = checked_path("drafter", path, "a drafter directory").expanduser()
+    if not path.exists():
+        raise SpecformerError(f"drafter {path} does not exist (give a drafter directory; a drafter by name, such as "
+                              "'default', is what resolve_drafter(name, model) loads)")
+    if not (path / "drafter.json").is_file():
+        raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
+    return path
 
 
 def record_eval(path: str | Path, result: dict) -> Path:
-    """Store evaluation numbers in the drafter's drafter.json (`--draft-len auto` reads its per-slot acceptance);
-    returns that file's path."""
-    meta_path = _drafter_dir(path) / "drafter.json"
+    """Store evaluation numbers in the drafter directory's drafter.json (`--draft-len auto` reads its per-slot
+    acceptance); returns that file's path."""
+    meta_path = drafter_dir(path) / "drafter.json"
     doc = json.loads(meta_path.read_text())
     doc["eval"] = result
     write_json(meta_path, doc)
@@ -81,20 +82,13 @@ def record_eval(path: str | Path, result: dict) -> Path:
 
 
 def load_drafter(path: str | Path, target: LoadedTarget) -> LoadedDrafter:
-    """Load a drafter directory for `target` ("default", "v4", ...: one shipped for the default model; "random": fresh
-    random weights of RANDOM_DRAFTER's shape, for measuring speed with `set_acceptance`).
+    """Load the drafter directory `path` for `target`. A drafter by name (the shipped "default", "random" weights, the
+    n-gram lookup, a hybrid) is what `resolve_drafter(name, target)` loads (decoding/names.py).
 
     A drafter made for a different target is a clear error.
     """
     checked_target(target, "target")
-    if str(path) == "random":
-        return random_drafter(target)
-    path = _drafter_dir(path)
-    if not path.exists():
-        raise SpecformerError(f"drafter {path} does not exist (give a drafter directory, or a shipped drafter: "
-                              f"default, {', '.join(SHIPPED_DRAFTERS)})")
-    if not (path / "drafter.json").is_file():
-        raise SpecformerError(f"{path} is not a drafter directory (no drafter.json)")
+    path = drafter_dir(path)
     cfg, meta = _read_meta(path / "drafter.json")
     diff = fingerprint_diff(meta.get("target") or {}, target.cfg)
     if diff:

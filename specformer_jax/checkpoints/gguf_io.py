@@ -134,13 +134,16 @@ def _tokenizer(path: Path):
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many types for unsupported tokenizer metadata
         raise SpecformerError(f"cannot build a tokenizer from {path}: {e}") from None
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
-        tok.save_pretrained(tmp)
-        try:
-            os.replace(tmp, cached)  # atomic; a concurrent writer that won the race is fine too
-        except OSError:
-            pass
-        else:
-            os.makedirs(tmp)  # let TemporaryDirectory clean up the now-empty name
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
+            tok.save_pretrained(tmp)
+            try:
+                os.replace(tmp, cached)  # atomic; a concurrent writer that won the race is fine too
+            except OSError:
+                pass
+            else:
+                os.makedirs(tmp)  # let TemporaryDirectory clean up the now-empty name
+    except OSError:  # a read-only or full cache: the tokenizer works, it is built again next time
+        pass
     return tok

@@ -62,10 +62,13 @@ def _with_attention(cfg: TargetConfig, attention_impl: str) -> TargetConfig:
     return dataclasses.replace(cfg, attention_impl=attention_impl)
 
 
-def checked_path(what: str, path) -> Path:
-    """`path` as a Path when it is text or a path-like object, else a one-line error naming `what` it is."""
+def checked_path(what: str, path, expected: str = "a path or 'default'") -> Path:
+    """`path` as a Path when it is text or a path-like object, else a one-line error naming `what` it is. Empty text
+    is refused: Path("") is the current directory, which nobody means."""
     if not isinstance(path, (str, os.PathLike)):
-        raise SpecformerError(f"{what} must be a path or 'default', got {path!r}")
+        raise SpecformerError(f"{what} must be {expected}, got {path!r}")
+    if not str(path).strip():
+        raise SpecformerError(f"{what} is empty: give {expected}")
     return Path(path)
 
 

@@ -23,13 +23,18 @@ def build_parser() -> Parser:
 def _persistent_compile_cache() -> None:
     """Keep XLA's compiled programs across runs, under SPECFORMER_CACHE/xla, so a second `generate` or `bench` skips
     most of the compilation. A cache directory set through JAX (JAX_COMPILATION_CACHE_DIR) is kept;
-    JAX_ENABLE_COMPILATION_CACHE=false turns caching off."""
+    JAX_ENABLE_COMPILATION_CACHE=false turns caching off, and so does a cache directory that takes no files (read-only:
+    JAX would warn at every compilation)."""
     import jax
 
-    from specformer_jax.files import cache_dir
+    from specformer_jax.files import cache_dir, probe_writable
 
     if jax.config.jax_enable_compilation_cache and not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
+        try:
+            xla = probe_writable(cache_dir() / "xla", directory=True)
+        except SpecformerError:
+            return
+        jax.config.update("jax_compilation_cache_dir", str(xla))
 
 
 def main(argv=None) -> int:

@@ -5,19 +5,34 @@ options several commands take."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from pallas_kernels import IMPLS
 from specformer_jax import defaults
 from specformer_jax.assets import SHIPPED_DRAFTERS
-from specformer_jax.checks import FRACTION, POSITIVE_INT, Kind
+from specformer_jax.checks import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, Kind
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import probe_writable
 
 SHIPPED_NAMES = ", ".join(repr(name) for name in SHIPPED_DRAFTERS)  # quoted, for help texts
 
 
+# what float() reads as a negative number, alone or first in a list (1,8,64): argparse's own pattern misses -inf,
+# -nan, -1e5 and -1,5, so "--temperature -inf" was read as an unknown option ("expected one argument") instead of
+# reaching the option's type check
+_NUMBER = r"(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(e[-+]?\d[\d_]*)?|inf|infinity|nan"
+NEGATIVE_NUMBER = re.compile(rf"^-({_NUMBER})(,-?({_NUMBER}))*$", re.I)
+
+
 class Parser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors, no abbreviated options (`--max-new-token` would be read as
+    `--max-new-tokens`, and profile-round's `--draft-len` as `--draft-lens`) and every negative number a value."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
     def error(self, message):  # one line, not usage + traceback
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
@@ -51,15 +66,16 @@ def _probed(text: str, directory: bool) -> Path:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def int_list(name: str):
+def int_list(name: str, from_zero: bool = False, like: str = "1,8,64"):
     """Comma-separated distinct positive integers, e.g. 1,8,64 (each a row or a run of the result: one twice would be
-    measured twice)."""
+    measured twice); `from_zero`: non-negative ones (indices)."""
+    kind, what = (NON_NEGATIVE_INT, "integers from 0") if from_zero else (POSITIVE_INT, "positive integers")
 
     def parse(text: str) -> list[int]:
         try:
-            values = [POSITIVE_INT.parse(x) for x in text.split(",")]
+            values = [kind.parse(x) for x in text.split(",")]
         except SpecformerError:
-            raise argparse.ArgumentTypeError(f"{name} expects positive integers like 1,8,64, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} expects {what} like {like}, got {text!r}") from None
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise argparse.ArgumentTypeError(f"{name} lists {', '.join(map(str, twice))} more than once")
@@ -125,22 +141,3 @@ def drafter_needed(drafter, draft_len, hint: str) -> None:
     """Refuse --draft-len k > 0 or auto when there is no drafter."""
     if drafter is None and draft_len not in (None, 0):
         raise SpecformerError(f"--draft-len {draft_len} needs a drafter{hint}")
-
-
-def parse_drafter(spec: str, target):
-    """A drafter named as `--drafter` names it: "ngram" (or "ngram:MIN-MAX"), "default+ngram" or "DIR+ngram" (a
-    hybrid), else a SpecFormer drafter ("default", a shipped name such as "v4", "random" or a directory:
-    load_drafter)."""
-    from specformer_jax.checkpoints.drafter_io import load_drafter
-    from specformer_jax.decoding.drafts.hybrid import Hybrid
-    from specformer_jax.decoding.drafts.ngram import parse_ngram
-
-    spec = str(spec)
-    base, plus, ngram = spec.rpartition("+")
-    if ngram.startswith("ngram") and not base and not plus:
-        return parse_ngram(ngram)
-    if plus and ngram.startswith("ngram"):
-        if not base:
-            raise SpecformerError(f"a hybrid drafter is DRAFTER+ngram (e.g. default+ngram), got {spec!r}")
-        return Hybrid(load_drafter(base, target), parse_ngram(ngram))
-    return load_drafter(spec, target)

@@ -111,24 +111,24 @@ def run_bench(args) -> int:
     from specformer_jax.bench.plot import plot_bench
     from specformer_jax.bench.run import run_benchmark
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.checkpoints.random_weights import is_random
     from specformer_jax.decoding.encode import read_prompts_file
+    from specformer_jax.decoding.names import read_drafter
 
     prompts = read_prompts_file(args.prompts)
+    name = read_drafter(args.drafter).on(args.model)
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
-    name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
-    drafter = None if name == "none" else a.parse_drafter(name, model)
+    drafter = name.load(model)
     a.drafter_needed(drafter, args.draft_len, "; --drafter none times plain decoding only")
     if args.set_acceptance and (drafter is None or args.draft_len in (0, None, "auto")):
         raise SpecformerError("--set-acceptance needs speculative decoding with a fixed --draft-len (and a drafter)")
-    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name}
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name.text}
     # written after every batch size, so an interrupted run keeps the batch sizes it finished
     result = run_benchmark(model, drafter, prompts, batch_sizes=args.batch_sizes, draft_len=args.draft_len,
                            max_new_tokens=args.max_new_tokens, repeats=args.repeats, num_requests=args.num_requests,
                            schedules=("continuous", "static") if args.schedule == "both" else (args.schedule,),
                            chunk_rounds=args.chunk_rounds, mesh=a.mesh(args),
                            records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}),
-                           set_acceptance=args.set_acceptance)
+                           set_acceptance=args.set_acceptance, drafter_name=name.text)
     if args.plot:
         plot_bench({**head, **result}, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
@@ -137,19 +137,16 @@ def run_bench(args) -> int:
 
 def run_profile_round(args) -> int:
     from specformer_jax.bench.round_profile import profile_rounds, render_markdown
-    from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
-    from specformer_jax.checkpoints.random_weights import is_random
+    from specformer_jax.decoding.names import read_drafter
 
+    name = read_drafter(args.drafter).on(args.model).specformer("profile-round")
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
-    name = "random" if args.drafter == "default" and is_random(args.model) else args.drafter
-    if name == "none":
-        raise SpecformerError("profile-round profiles speculative rounds: it needs a drafter, not --drafter none")
-    drafter = load_drafter(name, model)
+    drafter = name.load(model)
     bad = [k for k in args.draft_lens if not 1 <= k <= drafter.cfg.num_slots]
     if bad:
         raise SpecformerError(f"--draft-lens must lie in 1..{drafter.cfg.num_slots} for this drafter, got {bad[0]}")
-    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name}
+    head = {"command": "specformer " + shlex.join(args.argv), "model": args.model, "drafter": name.text}
 
     def write(doc):  # after every batch size, so an interrupted run keeps what it measured
         write_json(args.out, {**head, **doc})

@@ -3,7 +3,6 @@ and the self-distilled data drafters train on, its compact form for keeping, and
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -83,10 +82,10 @@ def _add_cache_states(sub) -> None:
     p.add_argument("--out", type=a.out_dir, required=True, metavar="DIR", help="the cache directory")
     p.add_argument("--seq-len", type=a.kind(POSITIVE_INT), default=512,
                    help="positions kept per record; serves runs with seq_len up to it (default 512)")
-    p.add_argument("--hooks", type=_hooks, metavar="I,J,...",
-                   help="hidden states to keep, as a drafter's `hooks` setting (HF indexing: 0 the embeddings, L the "
-                   "final-normed output; default: the default drafter's, 0,L/2,L-1,L, which also serve the kl "
-                   "objective)")
+    p.add_argument("--hooks", type=a.int_list("--hooks", from_zero=True, like="0,15,29,30"), metavar="I,J,...",
+                   help="hidden states to keep, each once, as a drafter's `hooks` setting (HF indexing from 0: 0 the "
+                   "embeddings, L the final-normed output; default: the default drafter's, 0,L/2,L-1,L, which also "
+                   "serve the kl objective)")
     p.add_argument("--batch-size", type=a.kind(POSITIVE_INT), default=8)
     p.set_defaults(func=run_cache_states)
 
@@ -136,13 +135,6 @@ def run_pack_data(args) -> int:
     return 0
 
 
-def _hooks(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects integers like 0,15,29,30, got {text!r}") from None
-
-
 def run_cache_states(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.config import DrafterConfig
@@ -152,9 +144,9 @@ def run_cache_states(args) -> int:
     records = load_records(args.data, "--data")  # bad data fails before the model loads
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     target = load_target(args.model)
-    check_vocabulary(data_dirs(args.data), target.cfg.vocab_size)
+    check_vocabulary(data_dirs(args.data, "--data"), target.cfg.vocab_size)
     check_token_ids(records, target.cfg.vocab_size, args.data)
-    hooks = args.hooks if args.hooks is not None else DrafterConfig().resolved_hooks(target.cfg)
+    hooks = tuple(args.hooks) if args.hooks is not None else DrafterConfig().resolved_hooks(target.cfg)
     s = cache_states(target, records, args.out, hooks=hooks, seq_len=args.seq_len, data=args.data,
                      batch_size=args.batch_size)
     rate = s["tokens"] / max(s["seconds"], 1e-9)

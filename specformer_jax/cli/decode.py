@@ -35,11 +35,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
     p.add_argument("--json", action="store_true", help="print one JSON document with results and stats")
     p.add_argument("--drafter", default=None,
-                   help=f"'default' (shipped for the default model; by name {a.SHIPPED_NAMES}), a drafter directory, "
-                        "'ngram' (drafts looked up in the prompt and answer so far: any model, no training; "
-                        "'ngram:MIN-MAX' sets the n tried, default 1-4), 'default+ngram' or 'DIR+ngram' (per row the "
-                        "n-gram drafts when 2+ tokens match, else the drafter's), or 'none' for plain decoding; "
-                        "default: the shipped drafter when --model is default, else none")
+                   help=f"'default' (shipped for the default model; by name {a.SHIPPED_NAMES}; with a random:NAME "
+                        "model: 'random'), a drafter directory, 'ngram' (drafts looked up in the prompt and answer so "
+                        "far: any model, no training; 'ngram:MIN-MAX' sets the n tried, default 1-4), 'default+ngram' "
+                        f"or 'DIR+ngram' (per row the n-gram drafts when {defaults.HYBRID_MIN_MATCH}+ tokens match, "
+                        "else the drafter's), 'random' (random weights, 8 slots: for speed) or 'none' for plain "
+                        "decoding; default: the shipped drafter when --model is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
                         "drafter alone: chosen per batch size from measured costs); default: "
@@ -61,14 +62,16 @@ def run_generate(args) -> int:
     from specformer_jax.checkpoints.loader import load_target
     from specformer_jax.decoding.api import generate
     from specformer_jax.decoding.encode import read_prompts_file
+    from specformer_jax.decoding.names import implied_drafter, read_drafter
 
     prompts = list(args.prompt) + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not prompts:
         raise SpecformerError("no prompts: give --prompt TEXT or --prompts-file F.jsonl")
+    name = (read_drafter(args.drafter) if args.drafter is not None else implied_drafter(args.model)).on(args.model)
     t = time.perf_counter()
     print(f"specformer: loading {args.model} ...", file=sys.stderr)
     model = load_target(args.model, dtype=args.dtype, attention_impl=args.attention_impl)
-    drafter = _chosen_drafter(args, model)
+    drafter = name.load(model)
     if args.max_cache_len and args.max_cache_len > model.cfg.max_position:
         print(f"specformer: warning: --max-cache-len {args.max_cache_len} is past the model's context length "
               f"({model.cfg.max_position}): positions beyond it were never trained", file=sys.stderr)
@@ -81,7 +84,7 @@ def run_generate(args) -> int:
     streamed = len(prompts) == 1 and not args.json and sys.stdout.isatty() and model.tokenizer is not None
     result = _streamed(model, prompts[0], options) if streamed else generate(model, prompts, progress=True, **options)
     result.stats["load_seconds"] = load_s
-    result.stats["drafter"] = (args.drafter or "default") if drafter is not None else "none"
+    result.stats["drafter"] = name.text
     _print_summary(result.stats, chosen=args.draft_len in (None, "auto"))
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
@@ -115,19 +118,6 @@ def _streamed(model, prompt, options: dict):
         if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for the next chunk
             print(text[len(shown):], end="", flush=True)
             shown = text
-
-
-def _chosen_drafter(args, model):
-    """The drafter to decode with, or None for plain decoding: with no --drafter, the shipped one goes with the
-    default model."""
-    from specformer_jax.assets import DEFAULT_DRAFTER
-
-    choice = args.drafter
-    if choice is None:
-        if args.model != "default" or not (DEFAULT_DRAFTER / "drafter.json").is_file():
-            return None
-        choice = "default"
-    return None if choice == "none" else a.parse_drafter(choice, model)
 
 
 def _print_summary(s: dict, chosen: bool) -> None:

@@ -58,7 +58,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--size", type=a.kind(POSITIVE_INT), required=True, metavar="V'",
                    help="tokens in the draft vocabulary, e.g. 8192")
     p.add_argument("--eval-data", help="distilled data to report the vocabulary's coverage on (dir1,dir2)")
-    p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
+    p.add_argument("--out", type=a.out_dir, required=True, help="the new drafter directory (must not hold a drafter)")
     p.set_defaults(func=run_draft_vocab)
 
     p = sub.add_parser("average-drafters", help="a drafter whose weights are the mean of several drafters'",
@@ -69,7 +69,7 @@ def add_parsers(sub) -> None:
     a.add_model(p)
     p.add_argument("--drafters", required=True, metavar="A,B[,...]",
                    help=f"at least two drafter directories or shipped drafters ('default', {a.SHIPPED_NAMES})")
-    p.add_argument("--out", type=Path, required=True, help="the new drafter directory (must not hold a drafter)")
+    p.add_argument("--out", type=a.out_dir, required=True, help="the new drafter directory (must not hold a drafter)")
     p.set_defaults(func=run_average_drafters)
 
 
@@ -89,45 +89,57 @@ def run_train(args) -> int:
 
 
 def run_eval_drafter(args) -> int:
-    from specformer_jax.checkpoints.drafter_io import load_drafter, record_eval
+    from specformer_jax.checkpoints.drafter_io import record_eval
     from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.names import read_drafter
+    from specformer_jax.files import probe_writable
     from specformer_jax.training.data.dataset import check_vocabulary, records_to_score
     from specformer_jax.training.evaluate import evaluate_drafter
 
     if args.save and args.draft_len is not None:
         raise SpecformerError("--save records every slot (what --draft-len auto reads): drop --draft-len")
+    name = read_drafter(args.drafter).on(args.model).specformer("eval-drafter")
+    if args.save and name.directory is None:
+        raise SpecformerError("--save stores the result in the drafter's drafter.json: random weights have none")
+    if args.save:
+        probe_writable(name.directory / "drafter.json")  # a read-only drafter fails now, not after the evaluation
     target = load_target(args.model)
-    drafter = load_drafter(args.drafter, target)
+    drafter = name.load(target)
     check_vocabulary([args.data], target.cfg.vocab_size)  # evaluate_drafter checks the scored records' ids
     records = records_to_score(args.data, drafter.meta.get("train_config"), args.all)
     result = evaluate_drafter(target, drafter, records, seq_len=args.seq_len, batch_size=args.batch_size,
                               progress=True, draft_len=args.draft_len)
-    if args.save:
-        saved = record_eval(args.drafter, {**result, "data": str(args.data)})
-        print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)
-    json.dump(result, sys.stdout, indent=1)
+    json.dump(result, sys.stdout, indent=1)  # before saving: a save that fails loses nothing
     print()
+    if args.save:
+        try:
+            saved = record_eval(name.directory, {**result, "data": str(args.data)})
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            raise SpecformerError(f"the result above was not saved ({where}{e.strerror or e})") from None
+        print(f"specformer: saved to {saved} (what --draft-len auto reads)", file=sys.stderr)
     return 0
 
 
 def run_draft_vocab(args) -> int:
-    from specformer_jax.checkpoints.drafter_io import load_drafter
     from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.names import read_drafter
     from specformer_jax.training.data.dataset import check_vocabulary, data_dirs
 
     if (args.out / "drafter.json").exists():
         raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
-    if args.drafter == "random":
+    name = read_drafter(args.drafter).on(args.model).specformer("draft-vocab")
+    if name.model == "random":
         raise SpecformerError("--drafter random has no trained weights to keep: give a trained drafter")
-    data = data_dirs(args.data)
+    data = data_dirs(args.data, "--data")
     if not data:
         raise SpecformerError("--data: give a directory written by `specformer distill` (several: dir1,dir2)")
     target = load_target(args.model)
     if args.size >= target.cfg.vocab_size:
         raise SpecformerError(f"--size {args.size} must be smaller than the target's vocabulary "
                               f"({target.cfg.vocab_size} tokens)")
-    check_vocabulary(data + data_dirs(args.eval_data), target.cfg.vocab_size)
-    drafter = load_drafter(args.drafter, target)
+    check_vocabulary(data + data_dirs(args.eval_data, "--eval-data"), target.cfg.vocab_size)
+    drafter = name.load(target)
     meta = _write_draft_vocab(args, target, drafter)
     cover = f"{meta['coverage_train']:.1%} of --data's answer tokens" + (
         f", {meta['coverage_eval']:.1%} of --eval-data's" if meta["coverage_eval"] is not None else "")
@@ -165,22 +177,24 @@ def _write_draft_vocab(args, target, drafter) -> dict:
 
 
 def run_average_drafters(args) -> int:
-    from specformer_jax.checkpoints.drafter_io import VOCAB_KEY, file_meta, load_drafter, save_drafter
+    from specformer_jax.checkpoints.drafter_io import VOCAB_KEY, file_meta, save_drafter
     from specformer_jax.checkpoints.loader import load_target
+    from specformer_jax.decoding.names import read_drafter
     from specformer_jax.training.averaging import average_drafters
 
     if (args.out / "drafter.json").exists():
         raise SpecformerError(f"{args.out} already holds a drafter: choose a new --out")
-    names = [name.strip() for name in args.drafters.split(",") if name.strip()]
-    if len(names) < 2:
-        raise SpecformerError(f"--drafters: give at least two drafters, comma-separated (got {len(names)})")
-    if "random" in names:
+    texts = [text.strip() for text in args.drafters.split(",") if text.strip()]
+    if len(texts) < 2:
+        raise SpecformerError(f"--drafters: give at least two drafters, comma-separated (got {len(texts)})")
+    names = [read_drafter(text).on(args.model).specformer("average-drafters") for text in texts]
+    if any(name.model == "random" for name in names):
         raise SpecformerError("--drafters: random has no trained weights to average: give trained drafters")
     target = load_target(args.model)
-    drafters = [load_drafter(name, target) for name in names]
+    drafters = [name.load(target) for name in names]
     cfg, params = average_drafters(drafters)
     last = drafters[-1]
-    sources = [{"drafter": name, "sha256": d.sha256} for name, d in zip(names, drafters)]
+    sources = [{"drafter": name.text, "sha256": d.sha256} for name, d in zip(names, drafters)]
     save_drafter(args.out, cfg, params, target.cfg, meta={**file_meta(last.meta), "averaged_from": sources},
                  vocab_meta=last.meta.get(VOCAB_KEY))
     print(f"specformer: {args.out}: the mean of {len(names)} drafters, with the last one's draft vocabulary; "

@@ -20,11 +20,11 @@ from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.set_acceptance import SetAcceptance, law_accepted_length
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.drafts import kinds as drafters
-from specformer_jax.decoding.drafts.ngram import parse_ngram
 from specformer_jax.decoding.encode import Prompt, check_fits, checked_prompts, encode_prompts
 from specformer_jax.decoding.engine.plan import DecodePlan, make_plan
 from specformer_jax.decoding.engine.runner import DecodeRun
 from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
+from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.decoding.options import DecodeOptions, decode_options, with_options_signature
 from specformer_jax.decoding.tuning.cost_model import DraftLenChoice
 from specformer_jax.decoding.tuning.draft_len import checked_draft_len, decide_draft_len, hybrid_model_len
@@ -104,9 +104,7 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
     """A call's options checked against the model, and what they make: the model in its decoding layout (converted
     in place), the draft length, the plan, the draft source and the acceptance rule."""
     model, prompts = checked_target(model), checked_prompts(prompts)
-    drafter = options.drafter
-    if isinstance(drafter, str) and drafter.startswith("ngram"):
-        drafter = parse_ngram(drafter)
+    drafter = resolve_drafter(options.drafter, model) if isinstance(options.drafter, str) else options.drafter
     if drafter is not None:
         drafter = drafters.checked_drafter(drafter, model.cfg)
     draft_len = checked_draft_len(drafter, options.draft_len, options.records)

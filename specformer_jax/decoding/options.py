@@ -30,12 +30,14 @@ class DecodeOptions:
     decoded at once). `chat`: text prompts go through the chat template (True or False). `max_cache_len`:
     positions a row may use (None: the model's context length). `progress`: a progress bar on stderr.
 
-    `drafter`: a LoadedDrafter (load_drafter), the n-gram lookup (NgramDrafts, or "ngram" / "ngram:MIN-MAX": any
-    model, no training) or a Hybrid of both (Hybrid(load_drafter(...)): per row the n-gram drafts or the drafter's);
-    None: plain decoding. `draft_len`: drafts per round, at most a SpecFormer drafter's trained slots (16 for the
-    n-gram lookup and hybrids; 0: plain decoding), or "auto" (an AutoDraftLen reading and keeping `records`) or an
-    AutoDraftLen tuner: chosen for this batch size from measured costs and acceptance (docs/decoding.md). None: the
-    measured default (specformer_jax/defaults.py), DRAFT_LEN_DEFAULTS.
+    `drafter`: a drafter's name, as `--drafter` takes it ("default", "v14", a drafter directory, "ngram" or
+    "ngram:MIN-MAX", "default+ngram", "random", "none": resolve_drafter, decoding/names.py), or a drafter value: a
+    LoadedDrafter (load_drafter), the n-gram lookup (NgramDrafts: any model, no training) or a Hybrid of both (per
+    row the n-gram drafts or the drafter's); None: plain decoding. `draft_len`: drafts per round, at most a
+    SpecFormer drafter's trained slots (16 for the n-gram lookup and hybrids; 0: plain decoding), or "auto" (an
+    AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
+    costs and acceptance (docs/decoding.md). None: the measured default (specformer_jax/defaults.py),
+    DRAFT_LEN_DEFAULTS.
 
     `schedule`: "continuous" (a finished prompt's slot is refilled from the queue at the next chunk boundary) or
     "static" (batches of `batch_size` prompts, each run until its slowest row is done). `chunk_rounds`: rounds

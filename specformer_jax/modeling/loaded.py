@@ -116,7 +116,8 @@ def check_drafter_fits(drafter, target: TargetConfig) -> None:
     """Refuse a drafter that was made for another target (or is not a loaded drafter at all), before it reaches a
     Flax shape error deep inside decoding."""
     if not isinstance(drafter, LoadedDrafter):
-        raise SpecformerError(f"drafter must be what load_drafter(path, model) returns, got {type(drafter).__name__}")
+        raise SpecformerError("drafter must be a loaded drafter (what resolve_drafter(name, model) or "
+                              f"load_drafter(path, model) returns), got {type(drafter).__name__}")
     diff = fingerprint_diff(drafter.meta["target"], target) if drafter.meta.get("target") else ""
     if diff:
         raise SpecformerError(f"this drafter was made for a different target ({diff})")

@@ -229,7 +229,7 @@ class StateCaches:
 def open_caches(paths: str, target, records: list[dict], hooks: tuple[int, ...], seq_len: int) -> StateCaches:
     """The caches of a `states` setting ("dir1,dir2"), each checked by `open_cache` against the records it holds:
     the first cache's come first in `records`, the next one's after them, and together they hold all of them."""
-    dirs = data_dirs(paths)
+    dirs = data_dirs(paths, "states")
     if not dirs:
         raise SpecformerError("states: give a directory written by `specformer cache-states` (several: dir1,dir2)")
     counts = [_read_manifest(d)["num_records"] for d in dirs]

@@ -44,7 +44,7 @@ class TrainConfig:
     eval_data: str | None = None  # distilled data to evaluate on instead (e.g. `distill --for-eval` of unseen prompts)
     states: str | None = None  # target states of `data` cached by `specformer cache-states`: train reads them;
     # several caches ("dir1,dir2") hold the data's records in order, e.g. one per data directory
-    init_from: str | None = None  # a drafter directory to continue from (same drafter settings) instead of random init
+    init_from: str | None = None  # a drafter to continue from (a directory or "default"; same drafter settings)
     drafter: DrafterConfig = DrafterConfig()  # the drafter to train (num_slots, hooks, ...: see DrafterConfig)
     # data
     seq_len: int = 384  # prompt + answer, truncated; shorter ones padded

@@ -21,10 +21,11 @@ import orbax.checkpoint as ocp
 from flax import struct
 from tqdm import tqdm
 
-from specformer_jax.checkpoints.drafter_io import load_drafter, save_drafter
+from specformer_jax.checkpoints.drafter_io import save_drafter
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.names import read_drafter
 from specformer_jax.errors import SpecformerError
-from specformer_jax.files import write_json
+from specformer_jax.files import append_line, probe_writable, write_json
 from specformer_jax.modeling.drafter import DrafterParams, drafter_axes, drafter_shapes, init_drafter
 from specformer_jax.modeling.loaded import LoadedTarget
 from specformer_jax.modeling.target import target_axes
@@ -158,14 +159,14 @@ TOKEN_INPUTS = ("next_token_input", "context_token_input")
 
 
 def initial_params(cfg: TrainConfig, target: LoadedTarget) -> dict:
-    """Random drafter weights, or those of the drafter directory `init_from` (the run makes its own draft vocabulary
-    from its data). Its settings must be the run's, except that a run may add token inputs (next_token_input,
-    context_token_input) to a drafter without them: each new input starts at zero, so the run continues exactly
-    where that drafter stands."""
+    """Random drafter weights, or those of the drafter `init_from` names (a directory, or "default": names.py; the run
+    makes its own draft vocabulary from its data). Its settings must be the run's, except that a run may add token
+    inputs (next_token_input, context_token_input) to a drafter without them: each new input starts at zero, so the
+    run continues exactly where that drafter stands."""
     fresh = lambda: init_drafter(target.cfg, cfg.drafter, jax.random.key(cfg.seed)).weights
     if cfg.init_from is None:
         return fresh()
-    start = load_drafter(cfg.init_from, target)
+    start = read_drafter(cfg.init_from).specformer("init_from").load(target)
     weights = start.params.weights
     same = dataclasses.replace(start.cfg, draft_vocab_size=cfg.drafter.draft_vocab_size)  # weights do not depend on it
     added = {name: False for name in TOKEN_INPUTS if getattr(cfg.drafter, name) and not getattr(start.cfg, name)}
@@ -209,8 +210,7 @@ class _Run:
 
     def log(self, record: dict) -> None:
         if self.is_main:
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_line(self.out / "metrics.jsonl", json.dumps(record))
 
     def evaluate(self, state: TrainState, step: int, unless_logged: bool = False) -> dict:
         """The periodic eval at `step`: logged, shown and plotted (unless_logged: not again when already logged)."""
@@ -245,6 +245,7 @@ def _prepared_data(cfg: TrainConfig, out: Path, resume: bool) -> tuple[list[dict
     ckpt_dir = out / "checkpoints"
     if out.exists() and not out.is_dir():
         raise SpecformerError(f"out {cfg.out} exists and is not a directory")
+    probe_writable(out, directory=True)  # an out the OS refuses fails now, not after the target loads
     if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) and not resume:
         raise SpecformerError(f"{out} already has checkpoints: pass --resume to continue, or choose another out")
     if resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
@@ -277,8 +278,10 @@ def _prepare(cfg: TrainConfig, resume: bool) -> _Run:
                               f"got {type(cfg).__name__}")
     out = Path(cfg.out).absolute()
     records, train_recs, eval_recs = _prepared_data(cfg, out, resume)
+    if cfg.init_from is not None:  # a drafter that is not there fails now, not after the target loads
+        read_drafter(cfg.init_from).on(cfg.model).specformer("init_from")
     target = load_target(cfg.model, attention_impl=cfg.attention_impl)
-    check_vocabulary(data_dirs(cfg.data) + data_dirs(cfg.eval_data), target.cfg.vocab_size)
+    check_vocabulary(data_dirs(cfg.data) + data_dirs(cfg.eval_data, "eval_data"), target.cfg.vocab_size)
     check_token_ids(records, target.cfg.vocab_size, cfg.data)
     if cfg.eval_data is not None:
         check_token_ids(eval_recs, target.cfg.vocab_size, cfg.eval_data)
@@ -353,8 +356,7 @@ def _restore(run: _Run, resume: bool, progress: bool) -> TrainState:
             print(f"specformer: resuming {run.out} from its checkpoint at step {step} of {cfg.steps}", file=sys.stderr)
     run.out.mkdir(parents=True, exist_ok=True)
     if run.is_main:
-        open(run.out / "metrics.jsonl", "a").close()  # appended to at every logged step: unwritable shows now
-        (run.out / "train_config.json").write_text(json.dumps(cfg.settings(), indent=1) + "\n")
+        write_json(run.out / "train_config.json", cfg.settings())
         if run.vocab is not None:
             write_json(run.out / VOCAB_FILE, run.vocab.tolist())
     return state

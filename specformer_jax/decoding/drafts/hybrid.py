@@ -3,8 +3,8 @@ the n-gram lookup propose; each row takes the n-gram drafts when its match is at
 the drafter's. One verify pass serves the whole batch, and each row is verified against the q it drew from (a point
 mass for n-gram drafts), so output stays lossless, greedy or sampled.
 
-`Hybrid` is the value a user passes (`load_drafter("default+ngram", model)`); `HybridDrafts` is the source the
-engine runs.
+`Hybrid` is the value a user passes (`resolve_drafter("default+ngram", model)` makes it); `HybridDrafts` is the
+source the engine runs.
 """
 
 from __future__ import annotations

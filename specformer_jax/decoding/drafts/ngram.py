@@ -14,7 +14,6 @@ from flax import struct
 
 from specformer_jax.checks import integer
 from specformer_jax.decoding.engine.plan import DecodePlan
-from specformer_jax.errors import SpecformerError
 
 MAX_NGRAM_DRAFTS = 16  # the most drafts per round an n-gram source may be asked for
 
@@ -124,13 +123,3 @@ class NgramDrafts:
 
     def origin(self, state: NgramState) -> jax.Array:
         return state.origin
-
-
-def parse_ngram(spec: str) -> NgramDrafts:
-    """`ngram` (max_n 4, min_n 1) or `ngram:MIN-MAX`, e.g. ngram:2-5: the n-gram source a --drafter names."""
-    if spec == "ngram":
-        return NgramDrafts()
-    lo, _, hi = spec.removeprefix("ngram:").partition("-")
-    if not (spec.startswith("ngram:") and lo.isdigit() and hi.isdigit()):
-        raise SpecformerError(f"an n-gram drafter is 'ngram' or 'ngram:MIN-MAX' (e.g. ngram:2-5), got {spec!r}")
-    return NgramDrafts(max_n=int(hi), min_n=int(lo))

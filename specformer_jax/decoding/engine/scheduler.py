@@ -101,6 +101,7 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
     called when requests finish."""
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
     max_len = cache_len(plan, bucket(max(map(len, ids))))
+    start = time.perf_counter()  # before the pool compiles: every compilation counted lies inside the run
     engine = _Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
                     plain_steps=0 if schedule == "static" else None,
@@ -108,7 +109,7 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
     queue = collections.deque(range(len(ids)))
     slot_req = [-1] * pool_size  # the request each slot holds
     sent = [0] * pool_size  # tokens of each slot's request already streamed
-    start, paused, finished, longest = time.perf_counter(), 0.0, 0, 0
+    paused, finished, longest = 0.0, 0, 0
     with _stop_flag() as stop:
         while queue or max(slot_req) >= 0:
             if stop.is_set():

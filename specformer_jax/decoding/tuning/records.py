@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -39,7 +40,8 @@ def records_directory() -> Path:
 
 
 class DecodeRecords:
-    """Measured step costs, decoding acceptance and batch rounds: in memory (`path` None) or in a JSON file."""
+    """Measured step costs, decoding acceptance and batch rounds: in memory (`path` None) or in a JSON file (in
+    memory from the first write its file refuses, with a warning)."""
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
@@ -111,8 +113,13 @@ class DecodeRecords:
         tables[name] = {**tables[name], key: entry}
         if self.path is None:
             self._memory = tables
-        else:
+            return
+        try:
             write_json(self.path, tables)
+        except OSError as e:  # a read-only or full cache: the answers matter more than what the run taught
+            print(f"specformer: warning: cannot save decoding records to {self.path} ({e.strerror or e}): what "
+                  "--draft-len auto measures is kept for this process only", file=sys.stderr)
+            self.path, self._memory = None, tables  # so it is not measured again at every call
 
 
 def _add(total: float, weight: float, new_total: float, new_weight: float) -> tuple[float, float]:

@@ -113,15 +113,23 @@ def _packed_records(path: Path) -> list[dict]:
             for i, s, n, p in zip(index, starts, lengths, prompt_len)]
 
 
-def data_dirs(dirs: str | None) -> list[Path]:
-    """The directories of a `data` / `eval_data` setting ("dir1,dir2")."""
-    return [Path(d.strip()) for d in (dirs or "").split(",") if d.strip()]
+def data_dirs(dirs: str | None, setting: str = "data") -> list[Path]:
+    """The directories of a `data` / `eval_data` / `states` setting ("dir1,dir2"); one named twice is refused (its
+    records would count twice)."""
+    paths = [Path(d.strip()) for d in (dirs or "").split(",") if d.strip()]
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            also = f" (also as {first})" if str(first) != str(p) else ""
+            raise SpecformerError(f"{setting} names {p} twice{also}: its records would count twice")
+    return paths
 
 
 def load_records(dirs: str, setting: str = "data", for_training: bool = True) -> list[dict]:
     """The records of one directory written by `specformer distill`, or of several given as "dir1,dir2" (in order;
     each keeps its own prompt indices, so its held-out split is the one eval-drafter uses on it alone)."""
-    paths = data_dirs(dirs)
+    paths = data_dirs(dirs, setting)
     if not paths:
         raise SpecformerError(f"no data: set `{setting}` to a directory written by `specformer distill` "
                               "(several: dir1,dir2)")
