@@ -29,12 +29,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from specformer_jax import resolve_drafter
 from specformer_jax.assets import prompt_set
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import specformer_part
 from specformer_jax.decoding.encode import read_prompts_file
+from specformer_jax.decoding.names import read_drafter
 
 
 def sides(drafters: dict, draft_lens: list[int]) -> dict:
@@ -94,7 +94,7 @@ def batch_row(model, prompts, batch: int, max_new: int, options: dict, repeats: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default="default")
-    ap.add_argument("--drafters", required=True, help="comma-separated drafter directories ('default': the shipped)")
+    ap.add_argument("--drafters", required=True, help="comma-separated drafter strings (as --drafter; NAME@k: at k)")
     ap.add_argument("--draft-lens", default="1,4")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--prompts", default="chat", help="a prompt set (chat, code, editing) or a JSONL file")
@@ -103,11 +103,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    model = load_target(args.model)
     names = args.drafters.split(",")
     if len(set(names)) != len(names):
         raise SystemExit("--drafters: each drafter once")
-    drafters = {name: resolve_drafter(name.partition("@")[0], model) for name in names}
+    read = {name: read_drafter(name.partition("@")[0]) for name in names}  # a bad string fails before the model loads
+    model = load_target(args.model)
+    drafters = {name: drafter.load(model) for name, drafter in read.items()}
     options = sides(drafters, [int(k) for k in args.draft_lens.split(",")])
     prompts = read_prompts_file(prompt_set(args.prompts))
     rows = []

@@ -46,8 +46,8 @@ def test_speedup_model_and_choice():
 
 def test_the_default_draft_len_follows_the_pool_on_a_cpu(model):
     """Without a draft length: every slot off a CPU; on a CPU with its kernels three drafts at batch 1, two at batch
-    2-3, one at 4-5 and plain decoding beyond (as measured: defaults.py), one without them; generate applies it to the pool it decodes (the
-    pool: the batch size, or fewer prompts)."""
+    2-3, one at 4-5 and plain decoding beyond (as measured: defaults.py), one without them; generate applies it to
+    the pool it decodes (the pool: the batch size, or fewer prompts)."""
     d = drafter(model, None)
     cpu = jax.default_backend() == "cpu"
     packed = [default_draft_len(d, b, True) for b in (1, 2, 3, 4, 5, 8, 64)]  # with the CPU kernels

@@ -39,6 +39,7 @@ REFUSED = {  # string -> the one line it is refused with
     "ngram+ngram": HYBRID_SYNTAX.format("ngram+ngram"),  # was "drafter ngram does not exist"
     "none+ngram": HYBRID_SYNTAX.format("none+ngram"),
     "+ngram": HYBRID_SYNTAX.format("+ngram"),
+    "default+ngram+ngram": HYBRID_SYNTAX.format("default+ngram+ngram"),
     "": f"the drafter is empty: give {NAMES}",  # was read as the current directory
     " ": f"the drafter is empty: give {NAMES}",
     "v12": RESTORE.format("v12"),

@@ -104,7 +104,7 @@ def read_drafter(spec: str | os.PathLike) -> DrafterName:
         return DrafterName(spec)
     base, plus, last = spec.rpartition("+")
     if plus and last.startswith("ngram"):
-        if not base or base == "none" or base.startswith("ngram"):
+        if not base or base == "none" or base.rpartition("+")[2].startswith("ngram"):  # ngram+ngram, X+ngram+ngram
             raise SpecformerError(f"a hybrid drafter is DRAFTER+ngram, DRAFTER one of {SPECFORMER} (e.g. "
                                   f"default+ngram), got {spec!r}")
         return DrafterName(spec, _model(base), _ngram(last))

@@ -36,7 +36,7 @@ class DecodeOptions:
     row the n-gram drafts or the drafter's); None: plain decoding. `draft_len`: drafts per round, at most a
     SpecFormer drafter's trained slots (16 for the n-gram lookup and hybrids; 0: plain decoding), or "auto" (an
     AutoDraftLen reading and keeping `records`) or an AutoDraftLen tuner: chosen for this batch size from measured
-    costs and acceptance (docs/decoding.md). None: the measured default (specformer_jax/defaults.py),
+    costs and acceptance (docs/speculative.md). None: the measured default (specformer_jax/defaults.py),
     DRAFT_LEN_DEFAULTS.
 
     `schedule`: "continuous" (a finished prompt's slot is refilled from the queue at the next chunk boundary) or
