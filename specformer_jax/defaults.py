@@ -34,9 +34,11 @@ _NGRAM_SETS = tuple(f"{_RESULTS}ngram_{name}_batch1_cpu_v7.json" for name in ("e
 SOURCES: dict[str, tuple[str, ...]] = {
     # batch 1: 3 and batch 2: 2 were v5's best (k = 2..4 within 0.04x at batch 1); with v14 at batch 1, k = 4 ran
     # 0.88x k = 3's tokens/s. With v14 at batch 3, 4, 5 and 8 (k = 1 / k = 2 against plain): 1.06x / 1.14x,
-    # 1.14x / 1.01x, 1.14x / 1.12x, 0.92x / 0.77x; batch 6 and 7 were not measured and decode plainly.
+    # 1.14x / 1.01x, 1.14x / 1.12x, 0.92x / 0.77x; batch 6 and 7 were not measured and decode plainly. The table
+    # checked by `specformer bench` at batch 1-5 and 8: 1.60x, 1.29x, 1.13x, 1.17x, 1.10x, plain.
     "CPU_DRAFT_LENS.specformer": (_RESULTS + "draft_len_cpu_v5.json", _RESULTS + "draft_len_cpu_v14_k34.json",
-                                  _RESULTS + "draft_len_cpu_v14_b3458.json"),
+                                  _RESULTS + "draft_len_cpu_v14_b3458.json",
+                                  _RESULTS + "bench_cpu_defaults_v14_pools.json"),
     # batch 1: a round of up to 3 drafts costs a plain step, 7 is the cheapest width a copied span can use
     # (ngram_widths), and each source at its default on the three prompt sets at batch 1 (with v7 as the
     # SpecFormer drafter); batch 2's lengths come from development sweeps on the six editing prompts of
