@@ -38,6 +38,11 @@ DEVICE_SPECS = {
 }
 
 
+def kv_bytes_per_token(cfg: TargetConfig) -> int:
+    """Bytes one cached position takes in a row's KV cache: keys and values of every layer."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
 def model_facts(cfg: TargetConfig, drafter: DrafterConfig | None, target_params, drafter_params=None) -> dict:
     """Bytes and FLOPs that the roofline needs (recorded in bench results, so reports need no model)."""
     item = jnp.dtype(cfg.dtype).itemsize
@@ -47,7 +52,7 @@ def model_facts(cfg: TargetConfig, drafter: DrafterConfig | None, target_params,
     layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size  # attention projections + SwiGLU
     facts = {
         "target_weight_bytes": count(target_params) * item,
-        "kv_bytes_per_token": 2 * L * kv * item,
+        "kv_bytes_per_token": kv_bytes_per_token(cfg),
         "target_matmul_flops_per_token": 2 * (L * layer + V * d),
         "attention_flops_per_token_per_context": 4 * L * q,  # QK^T and PV against each cached token
     }

@@ -21,10 +21,9 @@ from typing import Callable
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specformer_jax.bench.roofline import measure_device, model_facts
+from specformer_jax.bench.roofline import kv_bytes_per_token, measure_device, model_facts
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import Drafter, kind_name, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
@@ -126,9 +125,8 @@ def check_memory(model: LoadedTarget, ids: list[list[int]], requests: dict[int, 
     free = free_memory(mesh)
     if free is None:
         return
-    cfg = model.cfg
     positions = max(map(len, ids)) + max_new_tokens
-    row = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * positions * np.dtype(jnp.dtype(cfg.dtype)).itemsize
+    row = kv_bytes_per_token(model.cfg) * positions
     for bs, count in requests.items():
         need = min(bs, count) * row
         if need > free:
