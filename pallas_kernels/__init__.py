@@ -61,11 +61,12 @@ def cache_block(impl: str, head_dim: int) -> int:
 
 def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None,
                      layer=None):
-    """q [B, Q, H, D]; k, v [B, Hkv, S, D]; lengths int32[B]: valid cache entries per row, the Q new tokens included
-    (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference` for the masks.
-    layer: k and v are stacked caches [L, B, Hkv, S, D] and this layer's is attended to (the CPU kernel reads it in
-    place; the others take it out of the stack). num_splits: the GPU kernel's split-KV count (None: its own choice,
-    `pallas_kernels.gpu.auto_num_splits`); the other implementations ignore it."""
+    """q [B, Q, H, D]; k, v [B', Hkv, S, D] (B' >= B: row b of q against row b of the cache, so a pool's first B
+    rows decode without copying the cache out on a CPU); lengths int32[B]: valid cache entries per row, the Q new
+    tokens included (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference`
+    for the masks. layer: k and v are stacked caches [L, B', Hkv, S, D] and this layer's is attended to (the CPU
+    kernel reads it in place; the others take it, and the first B rows, out of the stack). num_splits: the GPU
+    kernel's split-KV count (None: its own choice, `pallas_kernels.gpu.auto_num_splits`); the others ignore it."""
     kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
     kernel = resolve(impl, q.shape[-1])
     if kernel == "cpu":
@@ -73,6 +74,7 @@ def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scal
         return cached_attention(q, *stacked, lengths, 0 if layer is None else layer, **kw)
     if layer is not None:
         k, v = k[layer], v[layer]
+    k, v = k[: q.shape[0]], v[: q.shape[0]]  # the Pallas kernels take as many cache rows as query rows
     if kernel is None:
         return ragged_attention_reference(q, k, v, lengths, **kw)
     return _kernel_attention(q, k, v, lengths, kernel, num_splits, **kw)

@@ -7,10 +7,10 @@
 //              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
 //              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
 //              the panels of its transpose).
-//   attention: new query tokens against one layer of a stacked KV cache [L, B, Hkv, S, D] with per-row lengths,
-//              causal with an offset or bidirectional, with an optional sliding window. It reads each row's valid
-//              keys and values once, where XLA's version copies the layer out of the stack, masks the whole
-//              cache and computes over all S positions.
+//   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] (B' >= the B query
+//              rows: a pool's first rows) with per-row lengths, causal with an offset or bidirectional, with an
+//              optional sliding window. It reads each row's valid keys and values once, where XLA's version
+//              copies the layer out of the stack, masks the whole cache and computes over all S positions.
 //
 // A matmul output element is summed over k in the same order whatever M is, so a row gets bitwise the same product
 // in a one-token step and in a (k + 1)-token verify pass. Work is split over XLA's intra-op thread pool; the calling
@@ -364,7 +364,7 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   const auto vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end()) ||
       lengths.element_count() != static_cast<size_t>(qd[0]) ||
-      kd[1] != qd[0] || kd[4] != qd[3] || qd[3] % kLanes != 0 || kd[2] == 0 || qd[2] % kd[2] != 0 ||
+      kd[1] < qd[0] || kd[4] != qd[3] || qd[3] % kLanes != 0 || kd[2] == 0 || qd[2] % kd[2] != 0 ||
       layer.element_count() != 1) {
     return ffi::Error::InvalidArgument("specformer cpu attention: operand shapes do not match");
   }
@@ -373,7 +373,7 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
                          causal, window, static_cast<float>(scale)};
   const int l = layer.typed_data()[0];
   if (l < 0 || l >= kd[0]) return ffi::Error::InvalidArgument("specformer cpu attention: layer out of range");
-  const size_t stride = static_cast<size_t>(a.B) * a.Hkv * a.S * a.D;
+  const size_t stride = static_cast<size_t>(kd[1]) * a.Hkv * a.S * a.D;  // the cache may hold more rows than q
   const float *qs = q.typed_data(), *ks = k.typed_data() + l * stride, *vs = v.typed_data() + l * stride;
   const int32_t* lens = lengths.typed_data();
   float* o = out->typed_data();

@@ -76,7 +76,8 @@ def packed_matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
 
 def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None):
     """`ragged_attention_reference` of q [B, Q, H, D] against layer `layer` (an int, traced or not) of the stacked
-    caches k, v [L, B, Hkv, S, D], which the kernel reads in place (`on_kernel`; float32, D a multiple of 16)."""
+    caches k, v [L, B', Hkv, S, D] (B' >= B: row b of q attends to row b of the caches), which the kernel reads in
+    place (`on_kernel`; float32, D a multiple of 16)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     kernel = lambda q, k, v, lengths, layer: _attention(bool(causal), int(sliding_window or 0), scale, q, k, v,
                                                         lengths, layer)

@@ -9,13 +9,15 @@ import jax.numpy as jnp
 def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None):
     """Attention of Q new tokens per row against a KV cache with per-row valid lengths.
 
-    q: [B, Q, H, D]; k, v: [B, Hkv, S, D] (H a multiple of Hkv); lengths: int32[B], the number of valid
-    cache entries per row *including* the Q new tokens, which sit at positions lengths[b] - Q + t.
+    q: [B, Q, H, D]; k, v: [B', Hkv, S, D] with B' >= B, row b of q against row b of k and v (a cache may hold
+    more rows than a call decodes: a pool's first B rows) and H a multiple of Hkv; lengths: int32[B], the number of
+    valid cache entries per row *including* the Q new tokens, which sit at positions lengths[b] - Q + t.
     causal=True: token t sees keys < lengths[b] - Q + t + 1. causal=False: it sees keys < lengths[b]
     (bidirectional inside the appended block). Entries at or beyond lengths[b] are never read, NaN included.
     Returns [B, Q, H, D] in q's dtype; softmax in float32.
     """
     B, Q, H, D = q.shape
+    k, v = k[:B], v[:B]
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
     scale = D**-0.5 if scale is None else scale

@@ -68,6 +68,20 @@ def test_kernel_matches_reference(kernel, case):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOLERANCE.get(kernel, dict(atol=2e-6, rtol=1e-5)))
 
 
+@pytest.mark.parametrize("impl", ["cpu", "reference", "interpret", "interpret_tpu"])
+def test_a_cache_with_more_rows_than_queries_is_read_by_its_first_rows(impl):
+    """The server decodes a pool's first rows against the whole pool's cache (engine/pool.first_rows): row b of q
+    attends to row b of the cache, whatever the rows after it hold (NaN here)."""
+    B, Q, H, Hkv, S, D = 2, 4, 8, 2, 64, 64
+    q, k, v, lens = inputs(B, Q, H, Hkv, S, D, [4, 40])
+    pad = lambda x: jnp.concatenate([x, jnp.full((3,) + x.shape[1:], jnp.nan, x.dtype)])  # 3 more rows
+    stacked = lambda x: jnp.stack([pad(x) * 0, pad(x)])  # [L=2, B + 3, ...]
+    got = ragged_attention(q, stacked(k), stacked(v), lens, impl=impl, layer=1)
+    want = ragged_attention_reference(q, k, v, lens)
+    assert not jnp.isnan(got).any()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kernels():
     """The CPU kernels, built as decoding builds them (a machine with a C++ compiler: CI has one)."""

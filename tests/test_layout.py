@@ -19,11 +19,12 @@ LAYERS = [
      "specformer_jax.defaults", "specformer_jax.assets", "specformer_jax.parallel", "specformer_jax.distributed"),
     ("specformer_jax.modeling", "specformer_jax.checkpoints"),
     ("specformer_jax.decoding",),
-    ("specformer_jax.training", "specformer_jax.bench"),
+    ("specformer_jax.training", "specformer_jax.bench", "specformer_jax.serving"),
     ("specformer_jax.cli",),
 ]
 APART = [("specformer_jax.modeling", "specformer_jax.checkpoints"),  # checkpoints load into modeling, not back
-         ("specformer_jax.training", "specformer_jax.bench"), ("specformer_jax.bench", "specformer_jax.training")]
+         ("specformer_jax.training", "specformer_jax.bench"), ("specformer_jax.bench", "specformer_jax.training"),
+         ("specformer_jax.serving", "specformer_jax.training"), ("specformer_jax.serving", "specformer_jax.bench")]
 # Layers inside a package, lowest first, the same rule: the package's own modules (its API) sit above them all.
 SUBLAYERS = {
     "specformer_jax.decoding": ["acceptance", "engine", "drafts", "tuning"],

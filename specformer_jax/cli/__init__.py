@@ -1,13 +1,13 @@
-"""The `specformer` command: one module per command group (decode: generate; data: sample-prompts, distill,
-pack-data, cache-states; train: train, eval-drafter, draft-vocab, average-drafters; bench: bench, profile-round,
-bench-kernels, report), the argument types they share in args.py. Bad input is one line on stderr and exit status 2,
-never a traceback."""
+"""The `specformer` command: one module per command group (decode: generate; serve: serve; data: sample-prompts,
+distill, pack-data, cache-states; train: train, eval-drafter, draft-vocab, average-drafters; bench: bench,
+profile-round, bench-kernels, report), the argument types they share in args.py. Bad input is one line on stderr and
+exit status 2, never a traceback."""
 
 from __future__ import annotations
 
 import sys
 
-from specformer_jax.cli import bench, data, decode, train
+from specformer_jax.cli import bench, data, decode, serve, train
 from specformer_jax.cli.args import Parser
 from specformer_jax.errors import SpecformerError
 
@@ -15,7 +15,7 @@ from specformer_jax.errors import SpecformerError
 def build_parser() -> Parser:
     parser = Parser(prog="specformer", description="SpecFormer speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (decode, data, train, bench):
+    for group in (decode, serve, data, train, bench):
         group.add_parsers(sub)
     return parser
 

@@ -13,6 +13,9 @@ oracles of the same shape):
                      -> (drafts int32[B, k], q float32[B, k, V] (greedy: [B, k, 1]), state): plan.draft_len drafts
                      from position slots_at[b, 0] of the T new tokens; the state grows by num_new[b] positions;
                      next_tokens [B, T]: the token after each new position (exact up to slots_at).
+  advance(plan, state, num_new, next_tokens)
+                     the state grown by num_new[b] positions without drafting (a plain step on a speculative pool,
+                     chunk.run_plain_chunk); what it leaves unwritten makes later drafts worse, never wrong
   origins            names of what its drafts can come from (one name, or several for a hybrid: stats per origin)
   origin(state)      int32[B]: which origin made each row's latest drafts (None: the first, for one-origin sources)
   widths(plan)       per origin, how many of its k drafts a round verifies (a round verifies the most any live row
@@ -78,6 +81,11 @@ class SpecformerDrafts:
 
     def origin(self, state: KVCache) -> None:
         return None
+
+    def advance(self, plan: DecodePlan, state: KVCache, num_new, next_tokens) -> KVCache:
+        """Only the lengths move: the context layer's cost is saved, and the positions it skips keep what they held
+        (the row's later drafts attend to them as they are; verification keeps the output exact)."""
+        return state.replace(lengths=state.lengths + num_new)
 
     # The parts of `draft`, which `specformer profile-round` times one by one.
     def context(self, plan: DecodePlan, hidden, state: KVCache, num_new, next_tokens):

@@ -91,3 +91,7 @@ class HybridDrafts:
 
     def origin(self, state: HybridState) -> jax.Array:
         return state.origin
+
+    def advance(self, plan: DecodePlan, state: HybridState, num_new, next_tokens) -> HybridState:
+        return HybridState(self.model.advance(plan, state.drafter, num_new, next_tokens),
+                           state.history.grow(num_new, next_tokens), state.origin)

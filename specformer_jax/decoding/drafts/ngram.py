@@ -123,3 +123,6 @@ class NgramDrafts:
 
     def origin(self, state: NgramState) -> jax.Array:
         return state.origin
+
+    def advance(self, plan: DecodePlan, state: NgramState, num_new, next_tokens) -> NgramState:
+        return NgramState(state.history.grow(num_new, next_tokens), state.origin)

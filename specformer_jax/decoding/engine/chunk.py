@@ -17,13 +17,14 @@ import jax.numpy as jnp
 from specformer_jax.decoding.acceptance.sampling import is_eos
 from specformer_jax.decoding.acceptance.speculative import round_keys
 from specformer_jax.decoding.engine.plan import DecodePlan
-from specformer_jax.decoding.engine.pool import Pool
+from specformer_jax.decoding.engine.pool import Pool, first_rows, with_first_rows
 from specformer_jax.modeling.target import Target
 
 
-def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool) -> Pool:
+def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, drafting: bool = True) -> Pool:
     """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget),
-    verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`).
+    verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`). Without
+    `drafting` (width 0: a plain step on a speculative pool, `run_plain_chunk`) the drafter does not run.
     source: the draft source of a speculative plan, bound to the target's parameters (draft_source.py), else None;
     accept: the acceptance rule (speculative.Verify, or a measurement's). The parts are functions of their own, which
     `specformer profile-round` times one by one (bench/round_profile.py)."""
@@ -36,6 +37,8 @@ def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool) 
     s, kept, emitted = update(plan, s, cache, drafts, n, final)
     if not plan.speculative:
         return s
+    if not drafting:  # the drafts stay as they are; the source's state keeps pace with the cache
+        return s.replace(draft_state=source.advance(plan, s.draft_state, kept, emitted))
     with jax.named_scope("draft"):
         return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
 
@@ -119,11 +122,35 @@ def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept,
     hybrid's n-gram rows more drafts verified than its SpecFormer rows, an n-gram row with no match none), so each
     round costs what its rows need. The host then runs the chunk of that width (the first round runs at this one)."""
     step = lambda s: decode_round(plan, width, params, source, accept, s)
+    switches = plan.stop_early and len(chunk_widths(plan, source)) > 1
+    same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
+    return _rounds(plan, rounds, step, same, pool)
+
+
+def run_plain_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool: Pool) -> Pool:
+    """`run_chunk` of plain steps on a speculative pool: no draft is verified and the drafter does not run, so a
+    round costs what plain decoding's does (the server's pool when too many rows are live for drafts to pay). The
+    rows' drafts stay; the source's state keeps pace with the cache (draft_source.py, `advance`)."""
+    step = lambda s: decode_round(plan, 0, params, source, accept, s, drafting=False)
+    return _rounds(plan, rounds, step, lambda s: True, pool)
+
+
+def run_first_rows(plan: DecodePlan, rounds: int, width: int, rows: int, params, source, accept, pool: Pool) -> Pool:
+    """`run_chunk` at `width` (`run_plain_chunk` for 0 on a speculative pool) over the pool's first `rows` rows only
+    (pool.first_rows: the caches stay in place), so a round costs what those rows cost, not the whole pool's."""
+    part = first_rows(pool, rows)
+    if width == 0 and plan.speculative:
+        part = run_plain_chunk(plan, rounds, params, source, accept, part)
+    else:
+        part = run_chunk(plan, rounds, width, params, source, accept, part)
+    return with_first_rows(pool, part)
+
+
+def _rounds(plan: DecodePlan, rounds: int, step, same, pool: Pool) -> Pool:
+    """`rounds` of `step`; with plan.stop_early, until a row finishes or `same(pool)` turns false (`run_chunk`)."""
     if not plan.stop_early:
         s = jax.lax.fori_loop(0, rounds, lambda _, s: step(s), pool)
         return s.replace(rounds_run=s.rounds_run + rounds)
-    switches = len(chunk_widths(plan, source)) > 1
-    same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
     go_on = lambda c: (c[0] < rounds) & ~jnp.any(c[1].done & ~pool.done) & ((c[0] == 0) | same(c[1]))
     n, s = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), pool))
     return s.replace(rounds_run=s.rounds_run + n)

@@ -106,3 +106,45 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
         origin_accepted=put(pool.origin_accepted, jnp.zeros((b,) + pool.origin_accepted.shape[1:], jnp.int32)),
     )
 
+
+
+def cancel_rows(plan: DecodePlan, pool: Pool, slots: jax.Array) -> Pool:
+    """Rows `slots` (int32[n]) marked done: their requests were abandoned, and from the next round on they change
+    nothing, like an empty slot (the next insert into them overwrites every field)."""
+    return pool.replace(done=pool.done.at[slots].set(True, mode="drop"))
+
+
+def _rows_of(fn_cache, fn_other):
+    """A function of a pool (and of pools like it, `more`) applying fn_cache to its KV caches (rows on axis 1 of k and
+    v) and fn_other to every other array with a row axis (axis 0); the pool's counters (scalars) are the last pool's."""
+    def node(x, *more):
+        if isinstance(x, KVCache):
+            return fn_cache(x, *more)
+        return (more or (x,))[-1] if x.ndim == 0 else fn_other(x, *more)
+    return lambda pool, *more: jax.tree.map(node, pool, *more, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def first_rows(pool: Pool, n: int) -> Pool:
+    """The pool's first n rows as a pool of n rows, but with the whole pool's KV caches: a forward over n rows reads
+    and writes row b of a cache for its row b (pallas_kernels.ragged_attention), so the caches, the pool's bulk,
+    are not copied out and back; only the rows' small state is. What the server runs when few slots are live."""
+    return _rows_of(lambda c: KVCache(c.k, c.v, c.lengths[:n]), lambda x: x[:n])(pool)
+
+
+def with_first_rows(pool: Pool, part: Pool) -> Pool:
+    """`pool` with its first rows replaced by `part` (what `first_rows` gave, after decoding): part's caches are
+    the whole pool's."""
+    n = part.done.shape[0]
+    put = lambda full, new: KVCache(new.k, new.v, full.lengths.at[:n].set(new.lengths))
+    return _rows_of(put, lambda full, new: full.at[:n].set(new))(pool, part)
+
+
+def move_rows(plan: DecodePlan, pool: Pool, src: jax.Array, dst: jax.Array) -> Pool:
+    """Rows `src` (int32[m]) copied into rows `dst` (free slots, none of them in src), caches included, and rows
+    `src` left empty: how the server keeps its live rows first, so that a chunk runs over as few rows as are live.
+    An index past the pool in both (padding) moves nothing."""
+    copy = lambda x: x.at[dst].set(x[src], mode="drop")
+    kv = lambda a: a.at[:, dst].set(a[:, src], mode="drop")
+    moved = _rows_of(lambda c: KVCache(kv(c.k), kv(c.v), copy(c.lengths)), copy)(pool)
+    return moved.replace(done=moved.done.at[src].set(True, mode="drop"),
+                         budget=moved.budget.at[src].set(0, mode="drop"))

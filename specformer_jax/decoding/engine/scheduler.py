@@ -25,9 +25,9 @@ import numpy as np
 
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.engine import runner
-from specformer_jax.decoding.engine.chunk import chunk_widths, needed_width, run_chunk
+from specformer_jax.decoding.engine.chunk import chunk_widths, needed_width, run_chunk, run_first_rows, run_plain_chunk
 from specformer_jax.decoding.engine.plan import DecodePlan
-from specformer_jax.decoding.engine.pool import Pool, cache_len, empty_pool, insert
+from specformer_jax.decoding.engine.pool import Pool, cache_len, cancel_rows, empty_pool, insert, move_rows
 from specformer_jax.decoding.engine.runner import ORIGIN_COUNTS, DecodeRun
 from specformer_jax.defaults import CHUNK_ROUNDS
 from specformer_jax.parallel import decode_state_shardings, replicated
@@ -48,7 +48,7 @@ def bucket(n: int, size: int = PROMPT_BUCKET) -> int:
     return -(-n // size) * size
 
 
-class _Engine:
+class Engine:
     """The compiled functions of one plan, draft source, acceptance rule, pool size and mesh, and the device state
     they pass along."""
 
@@ -77,12 +77,63 @@ class _Engine:
         args = (self.params, self.source, self.pool, *block)
         self.pool = self._compiled(insert, args, donate=(2,))(*args)
 
-    def chunk(self) -> tuple[np.ndarray, np.ndarray]:
-        """Run a chunk; returns each slot's done flag and token count, and sets the width of the next chunk to the
-        one its live rows need (chunk.py: `run_chunk`)."""
+    def chunk_function(self, width: int | None = None, rows: int | None = None):
+        """(the compiled chunk `chunk` runs for these arguments, its arguments): compiled now if it was not."""
         args = (self.params, self.source, self.accept, self.pool)
-        self.pool = self._compiled(run_chunk, args, static=(self.rounds, self.width), donate=(3,))(*args)
-        if len(self.widths) == 1:
+        width = self.width if width is None else width
+        if rows is not None and rows < self.pool.done.shape[0]:
+            return self._compiled(run_first_rows, args, static=(self.rounds, width, rows), donate=(3,)), args
+        if width == 0 and self.plan.speculative:
+            return self._compiled(run_plain_chunk, args, static=(self.rounds,), donate=(3,)), args
+        return self._compiled(run_chunk, args, static=(self.rounds, width), donate=(3,)), args
+
+    def compile_fill(self, rows: int, prompt_len: int) -> None:
+        """Compile the prefill of a block of `rows` prompts padded to `prompt_len` tokens (`fill`), running nothing."""
+        block = tuple(jnp.zeros((rows, prompt_len) if i == 0 else (rows,), jnp.int32) for i in range(4))
+        keys = jax.random.split(jax.random.key(0), rows)
+        if self.mesh is not None:
+            block, keys = jax.device_put((block, keys), replicated(self.mesh))
+        self._compiled(insert, (self.params, self.source, self.pool, *block, keys), donate=(2,))
+
+    def fill(self, prompts: list[list[int]], budgets: list[int], keys: jax.Array, slots: list[int],
+             bucket_of=None) -> None:
+        """Prefill `prompts` (token ids; new-token budgets, PRNG keys in the same order) into pool rows `slots`, as
+        one block of b rows (b: a power of two, so few shapes compile; padding rows point past the pool and are
+        dropped). bucket_of(longest prompt): the padded prompt length (default `bucket`)."""
+        P = self.pool.done.shape[0]
+        b = min(1 << (len(prompts) - 1).bit_length(), P)
+        block = np.zeros((b, (bucket_of or bucket)(max(map(len, prompts)))), np.int32)
+        lens, rows, budget = np.ones((b,), np.int32), np.full((b,), P, np.int32), np.zeros((b,), np.int32)
+        for row, (ids, n, s) in enumerate(zip(prompts, budgets, slots)):
+            block[row, : len(ids)] = ids
+            lens[row], rows[row], budget[row] = len(ids), s, n
+        pad = jnp.concatenate([keys, jnp.repeat(keys[:1], b - len(prompts), axis=0)]) if b > len(prompts) else keys
+        self.insert(block, lens, rows, budget, pad)
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Rows `src` moved into the free rows `dst` (pool.move_rows), as a power of two of moves (the padding
+        points past the pool: dropped), so few shapes compile."""
+        P, m = self.pool.done.shape[0], 1 << (len(src) - 1).bit_length()
+        src, dst = (jnp.asarray(x + [P] * (m - len(x)), jnp.int32) for x in (src, dst))
+        if self.mesh is not None:
+            src, dst = jax.device_put((src, dst), replicated(self.mesh))
+        args = (self.pool, src, dst)
+        self.pool = self._compiled(move_rows, args, donate=(0,))(*args)
+
+    def cancel(self, slots: list[int]) -> None:
+        """Mark rows `slots` done (their requests abandoned): they change nothing from the next round on."""
+        slots = jnp.asarray(slots, jnp.int32)
+        args = (self.pool, slots if self.mesh is None else jax.device_put(slots, replicated(self.mesh)))
+        self.pool = self._compiled(cancel_rows, args, donate=(0,))(*args)
+
+    def chunk(self, width: int | None = None, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Run a chunk; returns each slot's done flag and token count, and sets the width of the next chunk to the
+        one its live rows need (chunk.py: `run_chunk`). width: verify this many drafts instead (at most the plan's;
+        0 on a speculative pool: plain steps that do not draft, `run_plain_chunk`); rows: over the pool's first
+        rows only (`run_first_rows`; the others must be done)."""
+        fn, args = self.chunk_function(width, rows)
+        self.pool = fn(*args)
+        if len(self.widths) == 1 or width is not None:
             return jax.device_get((self.pool.done, self.pool.num_out))
         done, num_out, origin = jax.device_get((self.pool.done, self.pool.num_out, self.pool.origin))
         self.width = int(needed_width(self.plan, self.source, done, origin))
@@ -102,7 +153,7 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
     max_len = cache_len(plan, bucket(max(map(len, ids))))
     start = time.perf_counter()  # before the pool compiles: every compilation counted lies inside the run
-    engine = _Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
+    engine = Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
                     plain_steps=0 if schedule == "static" else None,
                     origins=tuple(source.origins) if plan.speculative else ())
@@ -149,19 +200,11 @@ def run_to_end(events):
             return end.value
 
 
-def _refill(engine: _Engine, ids, budgets, keys, taken: list[int], free: list[int], slot_req: list[int]) -> None:
-    """Prefill the `taken` requests into the first free slots, as one block of b rows (b: a power of two, so few
-    shapes compile; padding rows point past the pool and are dropped)."""
-    P = len(slot_req)
-    b = min(1 << (len(taken) - 1).bit_length(), P)
-    prompts = np.zeros((b, bucket(max(len(ids[r]) for r in taken))), np.int32)
-    lens, slots, budget = np.ones((b,), np.int32), np.full((b,), P, np.int32), np.zeros((b,), np.int32)
-    for row, (r, s) in enumerate(zip(taken, free)):
-        prompts[row, : len(ids[r])] = ids[r]
-        lens[row], slots[row], budget[row] = len(ids[r]), s, budgets[r]
+def _refill(engine: Engine, ids, budgets, keys, taken: list[int], free: list[int], slot_req: list[int]) -> None:
+    """Prefill the `taken` requests into the first free slots (`Engine.fill`)."""
+    for r, s in zip(taken, free):
         slot_req[s] = r
-    block_keys = keys[np.asarray(taken + [taken[0]] * (b - len(taken)))]
-    engine.insert(prompts, lens, slots, budget, block_keys)
+    engine.fill([ids[r] for r in taken], [budgets[r] for r in taken], keys[np.asarray(taken)], free[: len(taken)])
 
 
 def _new_tokens(pool: Pool, slot_req, sent, num_out):
