@@ -46,12 +46,15 @@ class Server:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "specformer_jax.cli", "serve", "--port",
                                           str(self.port), *extra], stdout=log, stderr=log)
+
+    def ready(self) -> "Server":
+        """The server, once GET /health answers 200."""
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"the server exited: {self.log.read_text()[-2000:]}"
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
+                    return self
             except httpx.TransportError:
                 time.sleep(1)
         raise AssertionError(f"the server did not come up: {self.log.read_text()[-2000:]}")
@@ -78,7 +81,8 @@ def wait_for(condition, seconds: float = 120) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def started(tmp_path_factory):
+    """The server process, starting (the plain reference is computed meanwhile)."""
     s = Server(tmp_path_factory.mktemp("serve"), "--batch-size", "8", "--context", "512", "--max-queue", "64",
                "--warmup", "first")
     yield s
@@ -86,10 +90,19 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain():
+def model(started):
+    return load_target("default")
+
+
+@pytest.fixture(scope="module")
+def plain(model):
     """Plain greedy answers of PROMPTS: the reference every greedy answer of the server must equal."""
-    model = load_target("default")
     return generate(model, PROMPTS, max_new_tokens=TOKENS, batch_size=8, drafter=None)
+
+
+@pytest.fixture(scope="module")
+def server(started, plain):
+    return started.ready()
 
 
 def chat(client, prompt: str, **kw):
@@ -97,16 +110,16 @@ def chat(client, prompt: str, **kw):
                                           max_tokens=TOKENS, temperature=0, **kw)
 
 
-def test_chat_and_completion_equal_plain_greedy_decoding(server, plain):
+def test_chat_and_completion_equal_plain_greedy_decoding(server, plain, model):
     client = server.client()
     answer = chat(client, PROMPTS[0])
     assert answer.choices[0].message.content == plain.texts[0]
     assert answer.usage.completion_tokens == len(plain.token_ids[0]) and answer.usage.prompt_tokens > 0
     streamed = "".join(c.choices[0].delta.content or "" for c in chat(client, PROMPTS[0], stream=True) if c.choices)
     assert streamed == plain.texts[0]
-    ids = load_target("default").tokenizer.encode("The capital of France is")
+    ids = model.tokenizer.encode("The capital of France is")
     whole = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=TOKENS, temperature=0)
-    reference = generate(load_target("default"), [ids], max_new_tokens=TOKENS, batch_size=1, drafter=None)
+    reference = generate(model, [ids], max_new_tokens=TOKENS, batch_size=1, drafter=None)
     assert whole.choices[0].text == reference.texts[0]
     parts = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=TOKENS,
                                       temperature=0, stream=True)
@@ -134,6 +147,7 @@ def test_stop_strings_end_the_answer_before_them(server, plain):
     assert answer.choices[0].message.content == text[: text.index(stop)]
 
 
+@pytest.mark.slow  # a second sampling setting: another pool to compile
 def test_a_seed_repeats_a_sampled_answer(server):
     client = server.client()
     a, b, c = (client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=TOKENS, temperature=0.9,
@@ -183,7 +197,7 @@ def test_a_client_that_leaves_frees_its_slot(server):
 
 def test_full_queue_gets_503_and_sigterm_drains(tmp_path):
     s = Server(tmp_path, "--batch-size", "1", "--max-queue", "1", "--context", "512", "--drafter", "none",
-               "--warmup", "first")
+               "--warmup", "first").ready()
     body = {"model": NAME, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 200, "temperature": 0}  # no EOS soon
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=300)
