@@ -107,7 +107,6 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
     )
 
 
-
 def cancel_rows(plan: DecodePlan, pool: Pool, slots: jax.Array) -> Pool:
     """Rows `slots` (int32[n]) marked done: their requests were abandoned, and from the next round on they change
     nothing, like an empty slot (the next insert into them overwrites every field)."""
