@@ -50,14 +50,20 @@ class Server:
     def ready(self) -> "Server":
         """The server, once GET /health answers 200."""
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server exited: {self.log.read_text()[-2000:]}"
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 time.sleep(1)
+        self.kill()
         raise AssertionError(f"the server did not come up: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """Stop the process at once, whatever it is doing (a failed test leaves no server behind)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
@@ -68,9 +74,13 @@ class Server:
                    line.startswith(name + "{"))
 
     def stop(self) -> int:
+        """SIGTERM, and the exit status; killed if it has not exited within two minutes."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(120)
+        try:
+            return self.proc.wait(120)
+        finally:
+            self.kill()
 
 
 def wait_for(condition, seconds: float = 120) -> None:
@@ -199,18 +209,21 @@ def test_full_queue_gets_503_and_sigterm_drains(tmp_path):
     s = Server(tmp_path, "--batch-size", "1", "--max-queue", "1", "--context", "512", "--drafter", "none",
                "--warmup", "first").ready()
     body = {"model": NAME, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 200, "temperature": 0}  # no EOS soon
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        running = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=300)
-        wait_for(lambda: s.metric("specformer_slots_busy") == 1 or running.done())
-        waiting = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=300)
-        wait_for(lambda: s.metric("specformer_queue_length") == 1 or waiting.done())
-        assert not running.done() and not waiting.done(), "the answers ended before the queue filled"
-        refused = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
-        assert refused.status_code == 503 and refused.json()["error"]["type"] == "overloaded_error"
-        os.kill(s.proc.pid, signal.SIGTERM)
-        assert running.result().status_code == 200 and waiting.result().status_code == 200
-        assert running.result().json()["usage"]["completion_tokens"] == 200
-        assert s.proc.wait(120) == 0
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            running = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=300)
+            wait_for(lambda: s.metric("specformer_slots_busy") == 1 or running.done())
+            waiting = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=300)
+            wait_for(lambda: s.metric("specformer_queue_length") == 1 or waiting.done())
+            assert not running.done() and not waiting.done(), "the answers ended before the queue filled"
+            refused = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
+            assert refused.status_code == 503 and refused.json()["error"]["type"] == "overloaded_error"
+            os.kill(s.proc.pid, signal.SIGTERM)
+            assert running.result().status_code == 200 and waiting.result().status_code == 200
+            assert running.result().json()["usage"]["completion_tokens"] == 200
+            assert s.proc.wait(120) == 0
+    finally:
+        s.kill()
     with pytest.raises(httpx.TransportError):
         httpx.get(s.url + "/health", timeout=5)
 
