@@ -60,24 +60,46 @@ def cache_block(impl: str, head_dim: int) -> int:
 
 
 def ragged_attention(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, impl="auto", num_splits=None,
-                     layer=None):
+                     layer=None, rows=None):
     """q [B, Q, H, D]; k, v [B', Hkv, S, D] (B' >= B: row b of q against row b of the cache, so a pool's first B
     rows decode without copying the cache out on a CPU); lengths int32[B]: valid cache entries per row, the Q new
     tokens included (they sit at positions lengths - Q + t). Returns [B, Q, H, D]. See `ragged_attention_reference`
     for the masks. layer: k and v are stacked caches [L, B', Hkv, S, D] and this layer's is attended to (the CPU
     kernel reads it in place; the others take it, and the first B rows, out of the stack). num_splits: the GPU
-    kernel's split-KV count (None: its own choice, `pallas_kernels.gpu.auto_num_splits`); the others ignore it."""
+    kernel's split-KV count (None: its own choice, `pallas_kernels.gpu.auto_num_splits`); the others ignore it.
+    rows: int32[B], the cache row each query row reads (default b; any B' then): the flat layout of a verify pass,
+    Q = 1 and one query row per position, a request's positions on consecutive rows (the CPU kernel reads such a
+    run's keys once). Inference only: no gradient flows through a call with rows."""
     kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
     kernel = resolve(impl, q.shape[-1])
     if kernel == "cpu":
         stacked = (k, v) if layer is not None else (k[None], v[None])
-        return cached_attention(q, *stacked, lengths, 0 if layer is None else layer, **kw)
+        return cached_attention(q, *stacked, lengths, 0 if layer is None else layer, rows=rows, **kw)
     if layer is not None:
         k, v = k[layer], v[layer]
+    if rows is not None:
+        return _rows_attention(q, k, v, lengths, rows, kernel, num_splits, **kw)
     k, v = k[: q.shape[0]], v[: q.shape[0]]  # the Pallas kernels take as many cache rows as query rows
     if kernel is None:
         return ragged_attention_reference(q, k, v, lengths, **kw)
     return _kernel_attention(q, k, v, lengths, kernel, num_splits, **kw)
+
+
+def _rows_attention(q, k, v, lengths, rows, kernel, num_splits, **kw):
+    """A call with `rows` (the flat layout) on the reference or a Pallas kernel: forward only."""
+    if kernel is None:
+        return ragged_attention_reference(q, k, v, lengths, rows=rows, **kw)
+    if kernel in ("gpu", "interpret"):
+        from pallas_kernels.gpu import ragged_attention_gpu_fwd as forward
+
+        kw = dict(kw, block_k=GPU_BLOCK_K, interpret=kernel == "interpret", num_splits=num_splits)
+    else:
+        from jax.experimental.pallas import tpu as pltpu
+
+        from pallas_kernels.tpu import ragged_attention_tpu_fwd as forward
+
+        kw = dict(kw, block_k=TPU_BLOCK_K, interpret=pltpu.InterpretParams() if kernel == "interpret_tpu" else None)
+    return jax.lax.stop_gradient(forward(q, k, v, lengths, rows=rows, **kw)[0])  # the kernels read rows in place
 
 
 def _kernel_attention(q, k, v, lengths, kernel: str, num_splits, **kw):

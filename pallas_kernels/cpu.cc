@@ -7,9 +7,10 @@
 //              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
 //              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
 //              the panels of its transpose).
-//   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] (B' >= the B query
-//              rows: a pool's first rows) with per-row lengths, causal with an offset or bidirectional, with an
-//              optional sliding window. It reads each row's valid keys and values once, where XLA's version
+//   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] with per-row lengths,
+//              causal with an offset or bidirectional, with an optional sliding window; query row b reads cache
+//              row rows[b] (a pool's first rows, or the flat layout of a verify pass: consecutive query rows of one
+//              cache row form a run whose keys are read once). It reads each row's valid keys and values once, where XLA's version
 //              copies the layer out of the stack, masks the whole cache and computes over all S positions.
 //
 // A matmul output element is summed over k in the same order whatever M is, so a row gets bitwise the same product
@@ -280,24 +281,22 @@ void weigh_values_nv(int nv, const float* const* p, int j0, const float* v, int 
 
 constexpr int kGroup = 4;  // query rows whose sums share the registers
 
-// One (row b, KV head h) unit: its Q x G query rows against the row's valid keys (D a multiple of 16).
-void attention_unit(const AttentionShape& a, const float* q, const float* k, const float* v, int length, int b,
-                    int h, float* out, std::vector<float>& scratch) {
-  const int G = a.H / a.Hkv, rows = a.Q * G, D = a.D;
-  int j0 = length, j1 = 0;
-  for (int t = 0; t < a.Q; ++t) {
-    int lo, hi;
-    key_range(a, length, t, &lo, &hi);
-    if (lo < hi) j0 = std::min(j0, lo), j1 = std::max(j1, hi);
-  }
-  const int width = std::max(j1 - j0, 0);
+// One unit: the `tokens` query tokens of a run of rows that read one cache row (kh, vh: its keys and values for KV
+// head h), token i at q + i H D, seeing keys [lo[i], hi[i]), written at out + i H D (D a multiple of 16). The run's
+// G query rows per token share every key read.
+void attention_unit(const AttentionShape& a, const float* q, const float* kh, const float* vh, int tokens,
+                    const int* lo, const int* hi, int h, float* out, std::vector<float>& scratch) {
+  const int G = a.H / a.Hkv, rows = tokens * G, D = a.D;
+  int j0 = a.S, j1 = 0;
+  for (int t = 0; t < tokens; ++t)
+    if (lo[t] < hi[t]) j0 = std::min(j0, lo[t]), j1 = std::max(j1, hi[t]);
+  j0 = std::min(j0, j1);
+  const int width = j1 - j0;
   scratch.assign(static_cast<size_t>(rows) * (width + D) + static_cast<size_t>(D) * kLanes, 0.0f);
   float* scores = scratch.data();                                   // [rows, width], key j at column j - j0
   float* acc = scratch.data() + static_cast<size_t>(rows) * width;  // [rows, D]
   float* block = acc + static_cast<size_t>(rows) * D;               // [D, 16]: 16 keys, transposed
-  const float* kh = k + (static_cast<size_t>(b) * a.Hkv + h) * a.S * D;
-  const float* vh = v + (static_cast<size_t>(b) * a.Hkv + h) * a.S * D;
-  const float* qh = q + static_cast<size_t>(b) * a.Q * a.H * D + static_cast<size_t>(h) * G * D;
+  const float* qh = q + static_cast<size_t>(h) * G * D;
   auto query = [&](int r) { return qh + (static_cast<size_t>(r / G) * a.H + r % G) * D; };
   const float* rows_q[kGroup];
   float* rows_out[kGroup];
@@ -306,10 +305,8 @@ void attention_unit(const AttentionShape& a, const float* q, const float* k, con
     const float* kb = kh + static_cast<size_t>(jb) * D;
     for (int d = 0; d < D; ++d)
       for (int i = 0; i < kLanes; ++i) block[d * kLanes + i] = i < n ? kb[static_cast<size_t>(i) * D + d] : 0.0f;
-    for (int t = 0; t < a.Q; ++t) {
-      int lo, hi;
-      key_range(a, length, t, &lo, &hi);
-      if (jb + n <= lo || jb >= hi) continue;  // none of these keys is visible to this token
+    for (int t = 0; t < tokens; ++t) {
+      if (jb + n <= lo[t] || jb >= hi[t]) continue;  // none of these keys is visible to this token
       for (int g0 = 0; g0 < G; g0 += kGroup) {
         const int R = std::min(kGroup, G - g0);
         for (int r = 0; r < R; ++r) {
@@ -326,46 +323,55 @@ void attention_unit(const AttentionShape& a, const float* q, const float* k, con
     }
   }
   const float* rows_p[kGroup];
-  for (int t = 0; t < a.Q; ++t) {
-    int lo, hi;
-    key_range(a, length, t, &lo, &hi);
+  for (int t = 0; t < tokens; ++t) {
     for (int g0 = 0; g0 < G; g0 += kGroup) {
       const int R = std::min(kGroup, G - g0);
       float inv[kGroup];
       for (int r = 0; r < R; ++r) {
         float* p = scores + static_cast<size_t>(t * G + g0 + r) * width;
-        const float sum = lo < hi ? softmax_range(p, lo - j0, hi - j0) : 0.0f;
+        const float sum = lo[t] < hi[t] ? softmax_range(p, lo[t] - j0, hi[t] - j0) : 0.0f;
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: zeros, as the reference
         rows_p[r] = p;
       }
       for (int d0 = 0; d0 < D; d0 += 4 * kLanes) {
         for (int r = 0; r < R; ++r) rows_out[r] = acc + static_cast<size_t>(t * G + g0 + r) * D + d0;
         const int nv = std::min(4, (D - d0) / kLanes);
+        const int l = std::max(lo[t], j0), u = std::max(hi[t], l);
         switch (R) {
-          case 4: weigh_values_nv<4>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
-          case 3: weigh_values_nv<3>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
-          case 2: weigh_values_nv<2>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
-          default: weigh_values_nv<1>(nv, rows_p, j0, vh + d0, D, lo, hi, rows_out); break;
+          case 4: weigh_values_nv<4>(nv, rows_p, j0, vh + d0, D, l, u, rows_out); break;
+          case 3: weigh_values_nv<3>(nv, rows_p, j0, vh + d0, D, l, u, rows_out); break;
+          case 2: weigh_values_nv<2>(nv, rows_p, j0, vh + d0, D, l, u, rows_out); break;
+          default: weigh_values_nv<1>(nv, rows_p, j0, vh + d0, D, l, u, rows_out); break;
         }
       }
       for (int r = 0; r < R; ++r) {
         const int g = g0 + r;
-        float* o = out + ((static_cast<size_t>(b) * a.Q + t) * a.H + h * G + g) * D;
+        float* o = out + static_cast<size_t>(t) * a.H * D + (static_cast<size_t>(h) * G + g) * D;
         for (int d = 0; d < D; ++d) o[d] = acc[static_cast<size_t>(t * G + g) * D + d] * inv[r];
       }
     }
   }
 }
 
+// Runs [first, end) of consecutive query rows that read the same cache row (one row each unless rows repeat).
+std::vector<std::pair<int, int>> row_runs(const int32_t* rows, int B) {
+  std::vector<std::pair<int, int>> runs;
+  for (int b = 0; b < B; ++b) {
+    if (runs.empty() || rows[b] != rows[runs.back().first]) runs.emplace_back(b, b);
+    runs.back().second = b + 1;
+  }
+  return runs;
+}
+
 ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> layer,
-                           ffi::ResultBuffer<ffi::F32> out, bool causal, int64_t window, double scale) {
+                           ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> out, bool causal, int64_t window,
+                           double scale) {
   const auto qd = q.dimensions(), kd = k.dimensions();
   const auto vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end()) ||
-      lengths.element_count() != static_cast<size_t>(qd[0]) ||
-      kd[1] < qd[0] || kd[4] != qd[3] || qd[3] % kLanes != 0 || kd[2] == 0 || qd[2] % kd[2] != 0 ||
-      layer.element_count() != 1) {
+      lengths.element_count() != static_cast<size_t>(qd[0]) || rows.element_count() != static_cast<size_t>(qd[0]) ||
+      kd[4] != qd[3] || qd[3] % kLanes != 0 || kd[2] == 0 || qd[2] % kd[2] != 0 || layer.element_count() != 1) {
     return ffi::Error::InvalidArgument("specformer cpu attention: operand shapes do not match");
   }
   const AttentionShape a{static_cast<int>(qd[0]), static_cast<int>(qd[1]), static_cast<int>(qd[2]),
@@ -373,16 +379,28 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
                          causal, window, static_cast<float>(scale)};
   const int l = layer.typed_data()[0];
   if (l < 0 || l >= kd[0]) return ffi::Error::InvalidArgument("specformer cpu attention: layer out of range");
+  const int32_t *lens = lengths.typed_data(), *row_of = rows.typed_data();
+  for (int b = 0; b < a.B; ++b)
+    if (row_of[b] < 0 || row_of[b] >= kd[1]) return ffi::Error::InvalidArgument("specformer cpu attention: row");
   const size_t stride = static_cast<size_t>(kd[1]) * a.Hkv * a.S * a.D;  // the cache may hold more rows than q
   const float *qs = q.typed_data(), *ks = k.typed_data() + l * stride, *vs = v.typed_data() + l * stride;
-  const int32_t* lens = lengths.typed_data();
   float* o = out->typed_data();
+  const auto runs = row_runs(row_of, a.B);
   const int64_t work = static_cast<int64_t>(a.B) * a.Q * a.H * a.S * a.D;
-  run_units(pool, a.B * a.Hkv, work, [=](int u0, int u1) {
+  const size_t token = static_cast<size_t>(a.H) * a.D;
+  run_units(pool, static_cast<int>(runs.size()) * a.Hkv, work, [=](int u0, int u1) {
     std::vector<float> scratch;
+    std::vector<int> lo, hi;
     for (int u = u0; u < u1; ++u) {
-      const int b = u / a.Hkv, length = std::clamp(lens[b], 0, a.S);
-      attention_unit(a, qs, ks, vs, length, b, u % a.Hkv, o, scratch);
+      const auto [b0, b1] = runs[u / a.Hkv];
+      const int h = u % a.Hkv, tokens = (b1 - b0) * a.Q;
+      lo.resize(tokens);
+      hi.resize(tokens);
+      for (int i = 0; i < tokens; ++i)
+        key_range(a, std::clamp(lens[b0 + i / a.Q], 0, a.S), i % a.Q, &lo[i], &hi[i]);
+      const size_t cache = (static_cast<size_t>(row_of[b0]) * a.Hkv + h) * a.S * a.D;
+      attention_unit(a, qs + b0 * a.Q * token, ks + cache, vs + cache, tokens, lo.data(), hi.data(), h,
+                     o + b0 * a.Q * token, scratch);
     }
   });
   return ffi::Error::Success();
@@ -403,6 +421,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerCachedAttention, CachedAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()

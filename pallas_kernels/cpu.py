@@ -74,17 +74,27 @@ def packed_matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
     return on_kernel(lambda x, panels: _packed(x, panels)[..., :n], reference, x, panels)
 
 
-def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None):
+def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None, rows=None):
     """`ragged_attention_reference` of q [B, Q, H, D] against layer `layer` (an int, traced or not) of the stacked
-    caches k, v [L, B', Hkv, S, D] (B' >= B: row b of q attends to row b of the caches), which the kernel reads in
+    caches k, v [L, B', Hkv, S, D] (query row b attends to cache row rows[b], default b), which the kernel reads in
     place (`on_kernel`; float32, D a multiple of 16)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
+    if rows is not None:  # the flat layout: inference only
+        kernel = lambda q, k, v, lengths, layer, rows: _ffi_attention(bool(causal), int(sliding_window or 0), scale,
+                                                                      q, k, v, lengths, layer, rows)
+        reference = lambda q, k, v, lengths, layer, rows: ragged_attention_reference(q, k[layer], v[layer], lengths,
+                                                                                     rows=rows, **kw)
+        args = (q, k, v, lengths, jnp.asarray(layer, jnp.int32), rows.astype(jnp.int32))
+        return jax.lax.stop_gradient(on_kernel(kernel, reference, *args, usable=_usable(q)))
     kernel = lambda q, k, v, lengths, layer: _attention(bool(causal), int(sliding_window or 0), scale, q, k, v,
                                                         lengths, layer)
-    reference = lambda q, k, v, lengths, layer: ragged_attention_reference(
-        q, k[layer], v[layer], lengths, causal=causal, sliding_window=sliding_window, scale=scale)
-    usable = q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
-    return on_kernel(kernel, reference, q, k, v, lengths, jnp.asarray(layer, jnp.int32), usable=usable)
+    reference = lambda q, k, v, lengths, layer: ragged_attention_reference(q, k[layer], v[layer], lengths, **kw)
+    return on_kernel(kernel, reference, q, k, v, lengths, jnp.asarray(layer, jnp.int32), usable=_usable(q))
+
+
+def _usable(q) -> bool:
+    return q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
 
 
 def on_kernel(kernel, reference, *args, usable: bool = True):
@@ -183,11 +193,16 @@ def _packed_bwd(res, dy):
 _packed.defvjp(_packed_fwd, _packed_bwd)
 
 
+def _ffi_attention(causal, window, scale, q, k, v, lengths, layer, rows):
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call(_TARGETS["attention"], out)(q, k, v, lengths.astype(jnp.int32), layer, rows,
+                                                          causal=causal, window=window, scale=scale)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _attention(causal, window, scale, q, k, v, lengths, layer):
-    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    return jax.ffi.ffi_call(_TARGETS["attention"], out)(q, k, v, lengths.astype(jnp.int32), layer, causal=causal,
-                                                          window=window, scale=scale)
+    rows = jnp.arange(q.shape[0], dtype=jnp.int32)  # query row b reads cache row b
+    return _ffi_attention(causal, window, scale, q, k, v, lengths, layer, rows)
 
 
 def _attention_fwd(causal, window, scale, q, k, v, lengths, layer):

@@ -43,16 +43,20 @@ class _Geometry(TileGeometry):
             vis = vis & (k_pos[None, :] > q_pos[:, None] - self.window)
         return vis
 
-    def kv_tile(self, k_ref, v_ref, j, length):
+    def kv_tile(self, k_ref, v_ref, j, length, row=None):
+        """Tile j of K and V, zeroed past the length; row: the cache row to read where the refs hold every row of
+        the cache [B', S, D] (a call with rows), else the refs are one row's [S, D]."""
         start = j * self.block_k
         k_pos = start + jax.lax.broadcasted_iota(jnp.int32, (self.block_k,), 0)
         valid = (k_pos < length)[:, None]
-        k = jnp.where(valid, k_ref[pl.ds(start, self.block_k), :], 0)
-        v = jnp.where(valid, v_ref[pl.ds(start, self.block_k), :], 0)
+        at = (pl.ds(start, self.block_k), slice(None))
+        at = at if row is None else (row, *at)  # one indexer: the Triton lowering takes no chained ones
+        k = jnp.where(valid, k_ref[at], 0)
+        v = jnp.where(valid, v_ref[at], 0)
         return k, v, k_pos
 
 
-def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geometry, num_splits: int):
+def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geometry, num_splits: int, row=None):
     b, qb = pl.program_id(0), pl.program_id(2)
     length = lengths_ref[b]
     q = q_ref[...]  # [R, D]
@@ -60,7 +64,7 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geo
 
     def body(j, carry):
         m, l, acc = carry
-        k, v, k_pos = g.kv_tile(k_ref, v_ref, j, length)
+        k, v, k_pos = g.kv_tile(k_ref, v_ref, j, length, row)
         vis = g.visible(q_pos, k_pos, length)
         s = jnp.where(vis, pltriton.dot(q, k.T).astype(jnp.float32) * g.scale, -jnp.inf)  # [R, block_k]
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -81,6 +85,12 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, g: _Geo
     o_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(o_ref.dtype)
     # A split that saw nothing must get no weight in the merge: -inf; the whole range empty gives lse 0 as before.
     lse_ref[...] = jnp.where(empty, 0.0 if num_splits == 1 else -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+
+
+def _rows_forward_kernel(rows_ref, lengths_ref, *refs, **kw):
+    """The forward kernel of a call with cache rows: k_ref and v_ref hold one KV head of the whole cache [B', S, D]
+    and query row b reads its row rows[b] (the Triton backend has no scalar prefetch for the index maps to read)."""
+    _forward_kernel(lengths_ref, *refs, row=rows_ref[pl.program_id(0)], **kw)
 
 
 def _merge_splits(o, lse):
@@ -178,15 +188,18 @@ def num_splits_for(q, k, *, block_k=64) -> int:
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("num_splits",))
 def ragged_attention_gpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, block_k=64,
-                             interpret=False, num_warps=4, num_stages=2, num_splits=None):
+                             interpret=False, num_warps=4, num_stages=2, num_splits=None, rows=None):
     """Forward pass: (output [B, Q, H, D], residuals for ragged_attention_gpu_bwd). num_splits: programs per
     (row, KV head, query block), each over its share of the visible KV tiles; None picks `auto_num_splits`. The
-    residuals are the same whatever the split count."""
+    residuals are the same whatever the split count. rows: int32[B], the cache row each query row reads (the flat
+    layout; k and v may then have any number of rows), read in the kernel: no gathered copy of the cache. Forward
+    only: the residuals hold the whole cache and do not fit the backward."""
     B, Q, H, D = q.shape
     Hkv = k.shape[1]
     g = _geometry(q, k, causal, sliding_window, scale, block_k)
     qp = pack_queries(q, Hkv, g.block_q, g.group)
     kp, vp = pad_cache(k, v, block_k)
+    cache_rows = rows  # `rows` is the packed query rows' count below
     R, S, rows = g.rows, kp.shape[2], qp.shape[2]
     N = num_splits_for(q, k, block_k=block_k) if num_splits is None else num_splits
     if N < 1:
@@ -198,14 +211,18 @@ def ragged_attention_gpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=No
     squeezed = (None,) * (2 + len(split))
     tile = pl.BlockSpec((None, None, R, D), lambda b, h, i, *s: (b, h, i, 0))
     cache = pl.BlockSpec((None, None, S, D), lambda b, h, i, *s: (b, h, 0, 0))
+    kernel, scalars = _forward_kernel, (lens,)
+    if cache_rows is not None:  # every row of the cache, one KV head's
+        cache = pl.BlockSpec((kp.shape[0], None, S, D), lambda b, h, i, *s: (0, h, 0, 0))
+        kernel, scalars = _rows_forward_kernel, (cache_rows.astype(jnp.int32), lens)
     name = "ragged_attention_gpu_split" if split else "ragged_attention_gpu"
-    o, lse = _call(functools.partial(_forward_kernel, g=g, num_splits=N), (B, Hkv, rows // R, *split),
-                   [pl.BlockSpec((B,), lambda *_: (0,)), tile, cache, cache],
+    o, lse = _call(functools.partial(kernel, g=g, num_splits=N), (B, Hkv, rows // R, *split),
+                   [pl.BlockSpec((B,), lambda *_: (0,))] * len(scalars) + [tile, cache, cache],
                    [pl.BlockSpec((*squeezed, R, D), lambda b, h, i, *s: (b, h, *s, i, 0)),
                     pl.BlockSpec((*squeezed, R), lambda b, h, i, *s: (b, h, *s, i))],
                    [jax.ShapeDtypeStruct((B, Hkv, *split, rows, D), q.dtype),
                     jax.ShapeDtypeStruct((B, Hkv, *split, rows), jnp.float32)],
-                   interpret, num_warps, num_stages, name)(lens, qp, kp, vp)
+                   interpret, num_warps, num_stages, name)(*scalars, qp, kp, vp)
     if split:
         o, lse = _merge_splits(o, lse)
     return unpack_output(o, Q, H, g.group), (qp, kp, vp, lens, o, lse)

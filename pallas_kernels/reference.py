@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 
-def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None):
+def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, rows=None):
     """Attention of Q new tokens per row against a KV cache with per-row valid lengths.
 
     q: [B, Q, H, D]; k, v: [B', Hkv, S, D] with B' >= B, row b of q against row b of k and v (a cache may hold
@@ -15,9 +15,12 @@ def ragged_attention_reference(q, k, v, lengths, *, causal=True, sliding_window=
     causal=True: token t sees keys < lengths[b] - Q + t + 1. causal=False: it sees keys < lengths[b]
     (bidirectional inside the appended block). Entries at or beyond lengths[b] are never read, NaN included.
     Returns [B, Q, H, D] in q's dtype; softmax in float32.
+    rows: int32[B], the cache row each query row reads (default: row b reads row b). Several query rows may read
+    one cache row: the flat layout of a verify pass, one query token per row (Q = 1) and a request's positions on
+    rows of their own, each with the length it sees (its cache and the positions before it in the round).
     """
     B, Q, H, D = q.shape
-    k, v = k[:B], v[:B]
+    k, v = (k[:B], v[:B]) if rows is None else (k[rows], v[rows])
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
     scale = D**-0.5 if scale is None else scale

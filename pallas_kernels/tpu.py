@@ -155,22 +155,32 @@ _STATIC = ("causal", "sliding_window", "scale", "block_k", "interpret")
 def _block_specs(g: _Geometry, D: int):
     """BlockSpecs over the grid (b, h, query block i, KV block j): a tile of packed query rows, its per-row
     statistics, and the KV tile, whose index is clamped to the blocks row b's query block i can see, so no DMA is
-    issued past a row's length or before its sliding window."""
+    issued past a row's length or before its sliding window. The index maps take the scalar-prefetched lengths and,
+    where the call has them, the cache rows (query row b reads cache row rows[b]; without them, row b)."""
 
-    def kv_index(b, h, i, j, lens):
+    def kv_index(b, h, i, j, lens, *cache_rows):
         first, last = g.visible_blocks(lens[b], i)
-        return b, h, jnp.minimum(jnp.maximum(j, first), last), 0
+        return cache_rows[0][b] if cache_rows else b, h, jnp.minimum(jnp.maximum(j, first), last), 0
 
-    rows = pl.BlockSpec((None, None, g.rows, D), lambda b, h, i, j, lens: (b, h, i, 0))
-    stat = pl.BlockSpec((None, None, g.rows, 1), lambda b, h, i, j, lens: (b, h, i, 0))
+    rows = pl.BlockSpec((None, None, g.rows, D), lambda b, h, i, j, *_: (b, h, i, 0))
+    stat = pl.BlockSpec((None, None, g.rows, 1), lambda b, h, i, j, *_: (b, h, i, 0))
     return rows, stat, pl.BlockSpec((None, None, g.block_k, D), kv_index)
+
+
+def _skip_rows_ref(kernel):
+    """A kernel body for a call with cache rows: their ref arrives after the lengths', and only the index maps read
+    it."""
+    return lambda lengths_ref, rows_ref, *refs: kernel(lengths_ref, *refs)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def ragged_attention_tpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=None, scale=None, block_k=128,
-                             interpret=None):
+                             interpret=None, rows=None):
     """Forward pass: (output [B, Q, H, D], residuals for ragged_attention_tpu_bwd). `interpret`: None on a TPU, or
-    a `pltpu.InterpretParams` to run under the TPU interpreter (CPU tests)."""
+    a `pltpu.InterpretParams` to run under the TPU interpreter (CPU tests). rows: int32[B], the cache row each query
+    row reads (the flat layout; k and v may then have any number of rows), scalar-prefetched with the lengths so the
+    K/V index maps DMA that row's tiles in place: no gathered copy of the cache. Forward only: the residuals hold the
+    whole cache and do not fit the backward."""
     B, Q, H, D = q.shape
     Hkv = k.shape[1]
     g = _geometry(q, k, causal, sliding_window, scale, block_k)
@@ -179,19 +189,23 @@ def ragged_attention_tpu_fwd(q, k, v, lengths, *, causal=True, sliding_window=No
     R = g.rows
     nq, nk = qp.shape[2] // R, kp.shape[2] // block_k
 
-    rows, stat, kv = _block_specs(g, D)
+    kernel = functools.partial(_forward_kernel, g=g)
+    scalars = (lengths.astype(jnp.int32),)
+    if rows is not None:
+        kernel, scalars = _skip_rows_ref(kernel), scalars + (rows.astype(jnp.int32),)
+    tile, stat, kv = _block_specs(g, D)
     o, lse = pl.pallas_call(
-        functools.partial(_forward_kernel, g=g),
+        kernel,
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype), jax.ShapeDtypeStruct(qp.shape[:3] + (1,), jnp.float32)],
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(B, Hkv, nq, nk), in_specs=[rows, kv, kv], out_specs=[rows, stat],
+            num_scalar_prefetch=len(scalars), grid=(B, Hkv, nq, nk), in_specs=[tile, kv, kv], out_specs=[tile, stat],
             scratch_shapes=[pltpu.VMEM((R, 1), jnp.float32), pltpu.VMEM((R, 1), jnp.float32),
                             pltpu.VMEM((R, D), jnp.float32)]),
         compiler_params=_params(),
         interpret=interpret or False,
         name="ragged_attention_tpu",
-    )(lengths.astype(jnp.int32), qp, kp, vp)
-    return unpack_output(o, Q, H, g.group), (qp, kp, vp, lengths.astype(jnp.int32), o, lse)
+    )(*scalars, qp, kp, vp)
+    return unpack_output(o, Q, H, g.group), (qp, kp, vp, scalars[0], o, lse)
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads",) + _STATIC)

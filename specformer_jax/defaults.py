@@ -17,6 +17,9 @@ CPU_DRAFT_LENS: dict[str, dict[int | range, int]] = {
     "ngram": {1: 7, 2: 2},
     "hybrid": {1: 7, 2: 4},
 }
+# Positions a speculative round verifies by pool size on a CPU with its kernels (decoding/engine/budget.py): every
+# live row's last token and the most valuable drafts; 0 (or a pool size not listed): every row's k drafts.
+CPU_VERIFY_BUDGETS: dict[str, dict[int | range, int]] = {}
 # On a GPU or TPU: every trained slot of a SpecFormer drafter (a hybrid's too); a source without one (the n-gram
 # lookup alone) drafts this many.
 ACCELERATOR_NGRAM_DRAFTS = 4
@@ -25,6 +28,9 @@ ACCELERATOR_NGRAM_DRAFTS = 4
 # and at batch 1 up to 3 drafts cost no more than one.
 HYBRID_CPU_MODEL_DRAFTS: dict[int | range, int] = {1: 3}
 HYBRID_MIN_MATCH = 2  # a hybrid's row takes the n-gram drafts when its last 2+ tokens recur earlier
+# A round with a budget (decoding/engine/budget.py) ranks an n-gram draft as accepted this often given the drafts
+# before it: a prior, not yet measured per match length.
+NGRAM_DRAFT_CONFIDENCE = 0.5
 CHUNK_ROUNDS = 8  # rounds the device runs between two looks of the host (docs/decoding.md, "Chunks")
 AUTO_MARGIN = 0.15  # `--draft-len auto` drafts only where a draft length is predicted this much faster than plain
 
@@ -52,6 +58,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # No measurement committed: development sweeps on the six editing prompts (accepted length 2.12 with 2, 2.08
     # with 3, 1.90 with 1 at batch 1).
     "HYBRID_MIN_MATCH": (),
+    "NGRAM_DRAFT_CONFIDENCE": (),
     # On a CPU: the rounds a larger R wastes after a request finished (tokens/s was noise there); GPU timings of R
     # are not committed.
     "CHUNK_ROUNDS": (_RESULTS + "chunk_rounds_cpu.json",),

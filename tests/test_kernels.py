@@ -82,6 +82,28 @@ def test_a_cache_with_more_rows_than_queries_is_read_by_its_first_rows(impl):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_the_flat_layout_on_the_cpu_kernel_matches_the_reference(window):
+    """A verify pass's flat layout (Q = 1, query row t reads cache row rows[t]): runs of one cache row, rows read
+    twice apart, a run whose lengths step by one (a request's chain), a query that sees nothing (padding: zeros),
+    GQA, and NaN past every length the cache rows are read to."""
+    H, Hkv, S, D = 6, 2, 48, 64
+    rows = jnp.asarray([2, 2, 2, 0, 1, 1, 3, 0, 0], jnp.int32)
+    lens = jnp.asarray([20, 21, 22, 5, 40, 41, 0, 9, 10], jnp.int32)
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((9, 1, H, D)), jnp.float32)
+    seen = jnp.zeros((4,), jnp.int32).at[rows].max(lens)
+    stale = jnp.arange(S)[None, None, :, None] >= seen[:, None, None, None]
+    k, v = (jnp.where(stale, jnp.nan, jnp.asarray(rng.standard_normal((4, Hkv, S, D)), jnp.float32)) for _ in "kv")
+    want = ragged_attention_reference(q, k[rows], v[rows], lens, sliding_window=window)
+    got = ragged_attention(q, jnp.stack([k * 0, k]), jnp.stack([v * 0, v]), lens, impl="cpu", layer=1, rows=rows,
+                           sliding_window=window)
+    assert not jnp.isnan(got).any() and not got[6].any()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)
+    ref = ragged_attention(q, k, v, lens, impl="reference", rows=rows, sliding_window=window)
+    np.testing.assert_allclose(np.asarray(ref), np.asarray(want), atol=2e-6, rtol=1e-5)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kernels():
     """The CPU kernels, built as decoding builds them (a machine with a C++ compiler: CI has one)."""

@@ -44,7 +44,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
                   chunk_rounds: int | None = None, mesh=None, records: DecodeRecords | None = None, log: bool = True,
                   on_progress: Callable[[dict], None] | None = None, set_acceptance: list[float] | None = None,
-                  drafter_name: str | None = None) -> dict:
+                  drafter_name: str | None = None, verify_budget: str | int | None = None) -> dict:
     """The result document; `on_progress` gets it after every batch size (with the rows done so far and
     "complete": false until the last), so a run cut short still leaves what it measured. `records`: where the
     speculative runs record what they measured, and where draft_len="auto" learns from (as `generate`).
@@ -55,7 +55,8 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
     at that rate (decoding/api.py): a cost measurement, its text meaningless. A model without a tokenizer (random
     weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
     on stderr, and one before the first saying what will run (the drafter called `drafter_name`, default its kind).
-    A batch size whose KV cache cannot fit in the free memory is refused before anything runs."""
+    A batch size whose KV cache cannot fit in the free memory is refused before anything runs. verify_budget: the
+    speculative side's positions per round (as `generate`'s), or "+N": the batch size plus N."""
     prompts = synthetic_prompts(model, prompts)
     draft_len = checked_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
     ids, requests = encode_prompts(model, prompts), {bs: num_requests or max(bs, len(prompts)) for bs in batch_sizes}
@@ -94,7 +95,8 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
         stream = [prompts[i % len(prompts)] for i in range(requests[bs])]
         for rate in set_acceptance or [None]:
-            spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate)
+            spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate,
+                           verify_budget=budget_at(verify_budget, bs))
             row = _batch_size_row(model, drafter, stream, repeats, engine, spec_kw, schedules)
             doc["results"].append(row)
             if log:
@@ -103,6 +105,13 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         if on_progress:
             on_progress(doc)
     return doc
+
+
+def budget_at(budget: str | int | None, batch_size: int) -> int | None:
+    """A verify budget for this batch size: "+N" is the batch size plus N, a number itself, None the default."""
+    if isinstance(budget, str):
+        return batch_size + int(budget[1:])
+    return budget
 
 
 def _announce(drafter: str | None, draft_len, requests: dict[int, int], max_new_tokens: int, repeats: int,

@@ -3,6 +3,7 @@ result files from different devices side by side."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round, or auto (per batch size); default as in generate: "
                         + defaults.draft_len_defaults_text())
+    p.add_argument("--verify-budget", type=verify_budget, default=None,
+                   help="positions a speculative round verifies over the whole pool: N, or +N (the batch size plus "
+                        "N); 0: every row all its drafts (default: the measured budget with the default draft "
+                        "length, 0 with --draft-len K)")
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
@@ -107,6 +112,14 @@ def _add_bench_kernels(sub) -> None:
     p.set_defaults(func=run_bench_kernels)
 
 
+def verify_budget(text: str) -> int | str:
+    """--verify-budget: N positions, or +N (the batch size plus N)."""
+    body = text[1:] if text.startswith("+") else text
+    if not body.isdigit():
+        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}")
+    return text if text.startswith("+") else int(text)
+
+
 def run_bench(args) -> int:
     from specformer_jax.bench.plot import plot_bench
     from specformer_jax.bench.run import run_benchmark
@@ -128,7 +141,8 @@ def run_bench(args) -> int:
                            schedules=("continuous", "static") if args.schedule == "both" else (args.schedule,),
                            chunk_rounds=args.chunk_rounds, mesh=a.mesh(args),
                            records=a.records(), on_progress=lambda doc: write_json(args.out, {**head, **doc}),
-                           set_acceptance=args.set_acceptance, drafter_name=name.text)
+                           set_acceptance=args.set_acceptance, drafter_name=name.text,
+                           verify_budget=args.verify_budget)
     if args.plot:
         plot_bench({**head, **result}, args.plot)
     print(f"specformer: wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)

@@ -27,7 +27,12 @@ from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.decoding.options import DecodeOptions, decode_options, with_options_signature
 from specformer_jax.decoding.tuning.cost_model import DraftLenChoice
-from specformer_jax.decoding.tuning.draft_len import checked_draft_len, decide_draft_len, hybrid_model_len
+from specformer_jax.decoding.tuning.draft_len import (
+    checked_draft_len,
+    checked_verify_budget,
+    decide_draft_len,
+    hybrid_model_len,
+)
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen
 from specformer_jax.errors import SpecformerError
@@ -98,6 +103,7 @@ class _Job:
     auto: DraftLenChoice | None
     set_acceptance: float | None
     options: DecodeOptions
+    verify_budget: int = 0
 
 
 def _prepare(model, prompts, options: DecodeOptions) -> _Job:
@@ -123,9 +129,10 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
                                progress=options.progress)
     plan = make_plan(model, k, options.sampling, options.max_new_tokens)
     source = drafters.draft_source(drafter, mesh, model.cfg, hybrid_model_len(drafter, B, model.cfg)) if k else None
+    budget = checked_verify_budget(options.verify_budget, options.draft_len, drafter, k, B, model.cfg.pack_weights)
     return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh),
                 options.chunk_rounds or defaults.CHUNK_ROUNDS, _row_keys(options.seed, len(prompts)), B, mesh, auto,
-                rate, options)
+                rate, options, budget)
 
 
 def _decode(job: _Job, stream: bool):
@@ -135,13 +142,14 @@ def _decode(job: _Job, stream: bool):
               disable=not job.options.progress) as bar:
         run = yield from decode_requests(job.plan, job.model.params, job.source, job.ids, job.pool_size, job.row_keys,
                                          accept=job.accept, chunk_rounds=job.chunk_rounds, schedule=schedule,
-                                         mesh=job.mesh, stream=stream,
+                                         mesh=job.mesh, stream=stream, verify_budget=job.verify_budget,
                                          on_finished=lambda done: bar.update(done - bar.n))
     plan, model = job.plan, job.model
     stats = {**run.stats(), "batch_size": job.pool_size, "schedule": schedule, "chunk_rounds": job.chunk_rounds,
              "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype, "layout": model.layout}
     if job.drafter is not None:
         stats["draft_len"] = plan.draft_len
+        stats["verify_budget"] = job.verify_budget
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())

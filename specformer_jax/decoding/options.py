@@ -49,7 +49,10 @@ class DecodeOptions:
     later choice. `set_acceptance` (a rate in [0, 1], speculative decoding with a fixed draft_len): every round runs
     as usual, but each draft is accepted with this probability when the ones before it were, instead of when the
     target agrees: the text is meaningless, the cost is that of a drafter with this acceptance (set_acceptance.py).
-    Such a call records nothing.
+    Such a call records nothing. `verify_budget`: positions a speculative round verifies over the whole pool, at
+    least batch_size: every live row's last token, then the drafts most likely to be accepted across rows
+    (docs/decoding.md, "The verify budget"); 0: every row verifies all its drafts; None: the measured default with
+    the default draft length, 0 with a draft length given.
     """
 
     max_new_tokens: int = 128
@@ -68,6 +71,7 @@ class DecodeOptions:
     mesh: Any = None  # a jax.sharding.Mesh, its spec, or None
     records: DecodeRecords | None = None
     set_acceptance: float | None = None
+    verify_budget: int | None = None
 
     def __post_init__(self):
         checked = {"max_new_tokens": POSITIVE_INT.check("max_new_tokens", self.max_new_tokens),
@@ -88,6 +92,9 @@ class DecodeOptions:
             raise SpecformerError(f"records must be a DecodeRecords, got {type(self.records).__name__}")
         if self.set_acceptance is not None:
             checked["set_acceptance"] = FRACTION.check("set_acceptance", self.set_acceptance)
+        if self.verify_budget is not None:
+            checked["verify_budget"] = integer(0, 1 << 16, "an integer >= 0").check("verify_budget",
+                                                                                   self.verify_budget)
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

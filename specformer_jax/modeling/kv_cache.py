@@ -42,13 +42,14 @@ def target_cache(cfg, batch: int, max_len: int, num_layers: int | None = None) -
     return KVCache.zeros(layers, batch, size, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
 
 
-def write_tokens(cache: jax.Array, layer, new: jax.Array, start: jax.Array) -> jax.Array:
-    """Scatter new [B, T, Hkv, D] into the stacked cache [L, B, Hkv, S, D] at (layer, per-row offsets start[B]).
+def write_tokens(cache: jax.Array, layer, new: jax.Array, start: jax.Array, rows: jax.Array | None = None):
+    """Scatter new [B, T, Hkv, D] into the stacked cache [L, B', Hkv, S, D] at (layer, per-row offsets start[B]),
+    row b into cache row rows[b] (default b; the flat layout of a verify pass, modeling/target.py).
 
     Only the new rows are written (in place inside loops). Positions past the end are dropped: the padding of a
-    ragged prefill may run past the cache.
+    ragged prefill may run past the cache, and a flat pass's padding is placed there.
     """
     B, T = new.shape[:2]
     pos = start[:, None] + jnp.arange(T)[None, :]  # [B, T]
-    b = jnp.arange(B)[:, None]
+    b = (jnp.arange(B) if rows is None else rows)[:, None]
     return cache.at[layer, b, :, pos, :].set(new.astype(cache.dtype), mode="drop")

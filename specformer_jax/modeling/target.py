@@ -56,8 +56,9 @@ class Attention(nn.Module):
     cfg: TargetConfig
 
     @nn.compact
-    def __call__(self, x, positions, k_all, v_all, layer, start, kv_len):
-        """Appends this layer's keys/values to the stacked caches [L, B, Hkv, S, D] at `layer`; returns them too."""
+    def __call__(self, x, positions, k_all, v_all, layer, start, kv_len, rows=None):
+        """Appends this layer's keys/values to the stacked caches [L, B', Hkv, S, D] at `layer` (row b in cache row
+        rows[b], default b); returns them too."""
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = _project_qkv(cfg, x)
@@ -66,10 +67,10 @@ class Attention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="k_norm")(k)
         inv_freq = cfg.rope.inv_freq(cfg.head_dim)
         q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
-        k_all = write_tokens(k_all, layer, k, start)
-        v_all = write_tokens(v_all, layer, v, start)
+        k_all = write_tokens(k_all, layer, k, start, rows)
+        v_all = write_tokens(v_all, layer, v, start, rows)
         o = ragged_attention(q, k_all, v_all, kv_len, causal=True, sliding_window=cfg.sliding_window,
-                             impl=cfg.attention, layer=layer)
+                             impl=cfg.attention, layer=layer, rows=rows)
         out = dense(cfg.hidden_size, cfg.dtype, ("heads", "embed"), name="o", packed=cfg.pack_weights)
         return out(o.reshape(B, T, -1)), k_all, v_all
 
@@ -81,13 +82,13 @@ class DecoderLayer(nn.Module):
     hooks: tuple[int, ...]  # normalised hook indices picked up into `hooked`; layer i's output is hidden state i + 1
 
     @nn.compact
-    def __call__(self, carry, xs, positions, start, kv_len):
+    def __call__(self, carry, xs, positions, start, kv_len, rows=None):
         cfg = self.cfg
         h, k_all, v_all, hooked = carry
         layer = xs
         attn_out, k_all, v_all = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len
-        )
+            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len,
+            rows)
         h = h + attn_out
         h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, cfg.fuse_projections, cfg.pack_weights,
                        name="mlp")(
@@ -119,7 +120,7 @@ class Target(nn.Module):
                 DecoderLayer,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: None},  # the stacked layers' axis is never split
             )(cfg, self._inner)
@@ -148,12 +149,29 @@ class Target(nn.Module):
         kv_len = start + T  # every written slot; padded queries only ever see padded keys (causal)
         run = self._unrolled if cfg.unroll_layers else self._scanned
         with jax.named_scope("layers"):
-            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len)
+            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len, None)
         h_final = self.final_norm(h_last)
         states = {0: h, cfg.num_layers: h_final, **hooked}
         hidden = {i: states[i] for i in self._hooks}
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return h_final, KVCache(k_all, v_all, cache.lengths + added), hidden
+
+    def forward_flat(self, tokens: jax.Array, rows: jax.Array, positions: jax.Array, cache: KVCache):
+        """The flat layout of a verify pass: token t (int32[T]) of cache row rows[t] at position positions[t], each
+        seeing its row's cache below that position, itself included (a request's positions in a round are written
+        before any is attended to, so each sees those before it). A position at or past the cache's end is padding:
+        its keys are dropped and it attends to nothing. Returns (final-normed states [T, d], the cache with the
+        positions written and its lengths unchanged, {hook: [T, d]}): a position costs its row of every matmul and
+        its row's cache, whatever the other rows verify."""
+        cfg = self.cfg
+        h = self.embed(tokens[:, None])
+        kv_len = jnp.where(positions < cache.max_len, positions + 1, 0)
+        run = self._unrolled if cfg.unroll_layers else self._scanned
+        with jax.named_scope("layers"):
+            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions[:, None], positions, kv_len, rows)
+        h_final = self.final_norm(h_last)
+        states = {0: h, cfg.num_layers: h_final, **hooked}
+        return h_final[:, 0], cache.replace(k=k_all, v=v_all), {i: states[i][:, 0] for i in self._hooks}
 
     def _scanned(self, h, k_all, v_all, *args):
         """All layers under one scan; the inner hooks' states are picked up as they pass. Returns (h, k_all, v_all,

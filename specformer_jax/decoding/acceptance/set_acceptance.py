@@ -22,9 +22,10 @@ class SetAcceptance:
 
     rate: jax.Array  # float32[]
 
-    def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig):
-        u = jax.vmap(lambda key: jax.random.uniform(key, (drafts.shape[1],)))(keys[:, 0])
-        n = leading(u < self.rate)
+    def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
+        k = drafts.shape[1]
+        u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(keys[:, 0])
+        n = leading((u < self.rate) & (jnp.arange(k)[None, :] < (k if limit is None else limit[:, None])))
         at_n = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]  # [B, V]
         return n, select_tokens(at_n, keys[:, 1], sampling)
 

@@ -30,14 +30,16 @@ def leading(ok: jax.Array) -> jax.Array:
 
 
 def choose_drafts(logits, keys, sampling: SamplingConfig, vocab=None, vocab_size: int = 0):
-    """Drafts from draft logits [B, k, V'], and the distribution they were drawn from (what verification needs).
+    """Drafts from draft logits [B, k, V'], and the distribution they were drawn from (what verification needs;
+    greedy: [B, k, 1], the top probability).
 
     vocab: int32[V'], the token of each logit (a reduced draft vocabulary; None: logit i is token i); q then spans
     the whole vocabulary of `vocab_size` tokens, zero outside the draft vocabulary: the drafts never come from there.
     """
-    if sampling.greedy:
+    if sampling.greedy:  # q: the top probability, the draft's confidence (`draft_confidence`)
         best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return best if vocab is None else vocab[best], jnp.zeros(logits.shape[:2] + (1,), jnp.float32)
+        top = 1.0 / jnp.sum(jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)), axis=-1)
+        return best if vocab is None else vocab[best], top[..., None].astype(jnp.float32)
     processed = process_logits(logits, sampling)
     drafts = jax.vmap(lambda key, lg: jax.random.categorical(key, lg, axis=-1))(keys, processed).astype(jnp.int32)
     q = jax.nn.softmax(processed, axis=-1)
@@ -46,31 +48,43 @@ def choose_drafts(logits, keys, sampling: SamplingConfig, vocab=None, vocab_size
     return vocab[drafts], jnp.zeros(q.shape[:-1] + (vocab_size,), q.dtype).at[..., vocab].set(q)
 
 
-def verify(logits, drafts, q, keys, sampling: SamplingConfig):
+def verify(logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
     """(n, final): accepted leading drafts and the token emitted after them.
 
     Greedy: a draft is accepted iff it is the target's argmax; final is the argmax after the last accepted one.
     Sampling: draft i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); after a rejection the token is drawn
     from normalize(max(p - q, 0)) at that position, and after k acceptances from p (the bonus token). This keeps
-    the output distribution exactly the target's.
+    the output distribution exactly the target's. limit: int32[B], row b's drafts past its first limit[b] are not
+    verified (a round with a budget, engine/budget.py): after limit[b] acceptances the bonus is drawn from p there.
     """
     B, k = drafts.shape
+    within = jnp.arange(k)[None, :] < (k if limit is None else limit[:, None])
     if sampling.greedy:
         verified = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, k + 1]
-        n = leading(drafts == verified[:, :k])
+        n = leading((drafts == verified[:, :k]) & within)
         return n, jnp.take_along_axis(verified, n[:, None], axis=1)[:, 0]
     k_accept, k_resample = keys[:, 0], keys[:, 1]
     p = jax.nn.softmax(process_logits(logits, sampling), axis=-1)  # [B, k + 1, V]
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
     u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(k_accept)
-    n = leading(u * q_d < p_d)
+    n = leading((u * q_d < p_d) & within)
     p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [B, V]
     q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q = 0 after the last slot: residual = p (bonus)
-    residual = jnp.maximum(p_n - jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0], 0.0)
+    q_n = jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0]
+    q_n = q_n if limit is None else jnp.where((n < limit)[:, None], q_n, 0.0)  # every verified draft accepted: bonus
+    residual = jnp.maximum(p_n - q_n, 0.0)
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_n)  # p == q up to rounding
     final = jax.vmap(jax.random.categorical)(k_resample, jnp.log(residual))
     return n, final.astype(jnp.int32)
+
+
+def draft_confidence(drafts, q, sampling: SamplingConfig) -> jax.Array:
+    """float32[B, k]: the drafter's probability of each of its drafts (`choose_drafts`' q: greedy, the top
+    probability it keeps; sampling, the distribution the draft was drawn from)."""
+    if sampling.greedy:
+        return q[..., 0]
+    return jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
 
 
 @struct.dataclass
@@ -78,6 +92,6 @@ class Verify:
     """The acceptance rule of decoding: the target verifies the drafts (`verify`). Rules are pytrees the round is
     given (measurement has its own, set_acceptance.py), so the round has no branch for them."""
 
-    def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig):
-        """(n, final): accepted leading drafts per row and the token emitted after them."""
-        return verify(logits, drafts, q, keys, sampling)
+    def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
+        """(n, final): accepted leading drafts per row (at most limit[b]) and the token emitted after them."""
+        return verify(logits, drafts, q, keys, sampling, limit)

@@ -18,6 +18,9 @@ oracles of the same shape):
                      chunk.run_plain_chunk); what it leaves unwritten makes later drafts worse, never wrong
   origins            names of what its drafts can come from (one name, or several for a hybrid: stats per origin)
   origin(state)      int32[B]: which origin made each row's latest drafts (None: the first, for one-origin sources)
+  confidence(plan, drafts, q, state)
+                     float32[B, k]: each draft's chance of acceptance given the drafts before it, what a round with
+                     a budget ranks drafts by (engine/budget.py)
   widths(plan)       per origin, how many of its k drafts a round verifies (a round verifies the most any live row
                      needs, on a CPU: chunk.run_chunk)
 """
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.config import DrafterConfig
-from specformer_jax.decoding.acceptance.speculative import choose_drafts
+from specformer_jax.decoding.acceptance.speculative import choose_drafts, draft_confidence
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.modeling.drafter import (
     Drafter,
@@ -81,6 +84,10 @@ class SpecformerDrafts:
 
     def origin(self, state: KVCache) -> None:
         return None
+
+    def confidence(self, plan: DecodePlan, drafts, q, state: KVCache):
+        """The drafter's probability of each draft (`draft_confidence`)."""
+        return draft_confidence(drafts, q, plan.sampling)
 
     def advance(self, plan: DecodePlan, state: KVCache, num_new, next_tokens) -> KVCache:
         """Only the lengths move: the context layer's cost is saved, and the positions it skips keep what they held

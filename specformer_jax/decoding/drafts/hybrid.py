@@ -19,7 +19,7 @@ from specformer_jax.checks import integer
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.drafts.ngram import NgramDrafts, TokenHistory, lookup, point_mass
 from specformer_jax.decoding.engine.plan import DecodePlan
-from specformer_jax.defaults import HYBRID_MIN_MATCH
+from specformer_jax.defaults import HYBRID_MIN_MATCH, NGRAM_DRAFT_CONFIDENCE
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter
 
@@ -91,6 +91,11 @@ class HybridDrafts:
 
     def origin(self, state: HybridState) -> jax.Array:
         return state.origin
+
+    def confidence(self, plan: DecodePlan, drafts, q, state: HybridState):
+        """The drafter's probabilities on its rows, the n-gram prior on the others."""
+        own = self.model.confidence(plan, drafts, q, state.drafter)
+        return jnp.where(state.origin[:, None] == 1, NGRAM_DRAFT_CONFIDENCE, own)
 
     def advance(self, plan: DecodePlan, state: HybridState, num_new, next_tokens) -> HybridState:
         return HybridState(self.model.advance(plan, state.drafter, num_new, next_tokens),

@@ -14,6 +14,7 @@ from flax import struct
 
 from specformer_jax.checks import integer
 from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.defaults import NGRAM_DRAFT_CONFIDENCE
 
 MAX_NGRAM_DRAFTS = 16  # the most drafts per round an n-gram source may be asked for
 
@@ -123,6 +124,11 @@ class NgramDrafts:
 
     def origin(self, state: NgramState) -> jax.Array:
         return state.origin
+
+    def confidence(self, plan: DecodePlan, drafts, q, state: NgramState):
+        """A prior per copied draft where the row's lookup matched, none where it did not."""
+        matched = state.origin == 0
+        return jnp.where(matched[:, None], NGRAM_DRAFT_CONFIDENCE, 0.0) * jnp.ones(drafts.shape, jnp.float32)
 
     def advance(self, plan: DecodePlan, state: NgramState, num_new, next_tokens) -> NgramState:
         return NgramState(state.history.grow(num_new, next_tokens), state.origin)

@@ -16,31 +16,54 @@ import jax.numpy as jnp
 
 from specformer_jax.decoding.acceptance.sampling import is_eos
 from specformer_jax.decoding.acceptance.speculative import round_keys
+from specformer_jax.decoding.engine.budget import chosen_lengths, draft_values, flat_layout, gather_rows, verify_flat
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.pool import Pool, first_rows, with_first_rows
 from specformer_jax.modeling.target import Target
 
 
-def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, drafting: bool = True) -> Pool:
+def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, drafting: bool = True,
+                 budget: int = 0) -> Pool:
     """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget),
-    verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`). Without
-    `drafting` (width 0: a plain step on a speculative pool, `run_plain_chunk`) the drafter does not run.
+    verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`), or with a
+    `budget` of positions, the most valuable of them that fit (engine/budget.py; at least the row's last token).
+    Without `drafting` (width 0: a plain step on a speculative pool, `run_plain_chunk`) the drafter does not run.
     source: the draft source of a speculative plan, bound to the target's parameters (draft_source.py), else None;
     accept: the acceptance rule (speculative.Verify, or a measurement's). The parts are functions of their own, which
     `specformer profile-round` times one by one (bench/round_profile.py)."""
     keys = round_keys(s.keys, s.row_rounds + 1)
     drafts, q = s.drafts[:, :width], s.q[:, :width]
     with jax.named_scope("verify" if plan.speculative else "decode_step"):
-        tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)  # [P, width + 1]
-        h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
-        n, final = accept(target_logits(plan, params, h), drafts, q, keys, plan.sampling)
-    s, kept, emitted = update(plan, s, cache, drafts, n, final)
+        if budget:
+            n, final, cache, hidden, chosen = flat_verify(plan, params, source, accept, s, drafts, q, keys, budget)
+        else:
+            tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)  # [P, width + 1]
+            h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
+            n, final = accept(target_logits(plan, params, h), drafts, q, keys, plan.sampling)
+            chosen = jnp.full(n.shape, width, jnp.int32)
+    s, kept, emitted = update(plan, s, cache, drafts, n, final, chosen)
     if not plan.speculative:
         return s
     if not drafting:  # the drafts stay as they are; the source's state keeps pace with the cache
         return s.replace(draft_state=source.advance(plan, s.draft_state, kept, emitted))
     with jax.named_scope("draft"):
         return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
+
+
+def flat_verify(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, budget: int):
+    """The verify pass over a budget of positions (engine/budget.py): every live row's last token and the most
+    valuable drafts, as one flat list through the target (`Target.forward_flat`). Returns (n, final, the cache
+    with the positions written, the hooked states in the padded layout [P, w + 1, d], drafts verified per row)."""
+    live = ~s.done
+    values = draft_values(source.confidence(plan, drafts, q, s.draft_state), live)
+    chosen = chosen_lengths(values, live, budget)
+    index, rows, at, valid = flat_layout(live, chosen, drafts.shape[1], budget)
+    tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)[rows, at]
+    positions = jnp.where(valid, s.cache.lengths[rows] + at, s.cache.max_len)
+    h, cache, hidden = Target(plan.cfg, source.hooks(plan)).apply({"params": params}, tokens, rows, positions,
+                                                                   s.cache, method=Target.forward_flat)
+    n, final = verify_flat(accept, target_logits(plan, params, h), index, drafts, q, keys, plan.sampling, chosen)
+    return n, final, cache, {i: gather_rows(x, index) for i, x in hidden.items()}, chosen
 
 
 def origin_widths(plan: DecodePlan, source) -> tuple[int, ...]:
@@ -74,9 +97,10 @@ def target_logits(plan: DecodePlan, params, h: jax.Array) -> jax.Array:
     return Target(plan.cfg).apply({"params": params}, h, method=Target.logits)
 
 
-def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, final: jax.Array):
-    """The bookkeeping of a round that verified `drafts` [P, w] (w <= k) with n accepted and the token `final` after
-    them per row: the tokens emitted (cut after an EOS and at the budget), the cache lengths, counts and flags.
+def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, final: jax.Array, chosen: jax.Array):
+    """The bookkeeping of a round that verified the first chosen[b] of `drafts` [P, w] (w <= k) with n accepted and
+    the token `final` after them per row: the tokens emitted (cut after an EOS and at the budget), the cache lengths,
+    counts and flags.
     Returns (pool, kept: positions each row keeps in the caches (0: not live), emitted [P, w + 1]: the token after
     each position of [x, d_1..d_w])."""
     live = ~s.done
@@ -98,7 +122,8 @@ def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, fi
         accepted=s.accepted + (live[:, None] & slot_ok),
         origin_rounds=s.origin_rounds + by, origin_emitted=s.origin_emitted + by * count[:, None],
         origin_accepted=s.origin_accepted + (by[:, :, None] & slot_ok[:, None, :]),
-        rounds=s.rounds + jnp.any(live),
+        rounds=s.rounds + jnp.any(live), verified=s.verified + jnp.where(live, chosen, 0),
+        bare_rounds=s.bare_rounds + (live & (chosen == 0)),
     )
     return s, kept, emitted
 
@@ -114,15 +139,19 @@ def next_drafts(plan: DecodePlan, source, s: Pool, hidden, kept, n, emitted, key
                      origin=s.origin if origin is None else jnp.where(live, origin, s.origin))
 
 
-def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept, pool: Pool) -> Pool:
-    """`rounds` rounds on the pool (R, a static trip count), each verifying `width` drafts (one of `chunk_widths`);
-    source: bound to `params` (draft_source.py). With plan.stop_early (on a CPU), up to R rounds: the chunk ends
-    after the round in which a row finished, so the host collects it and refills its slot at once, and no round
-    runs after the last row is done; it also ends when the rows' drafts need another width (`needed_width`: a
-    hybrid's n-gram rows more drafts verified than its SpecFormer rows, an n-gram row with no match none), so each
-    round costs what its rows need. The host then runs the chunk of that width (the first round runs at this one)."""
-    step = lambda s: decode_round(plan, width, params, source, accept, s)
-    switches = plan.stop_early and len(chunk_widths(plan, source)) > 1
+def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept, pool: Pool, budget: int = 0) -> Pool:
+    """`rounds` rounds on the pool (R, a static trip count), each verifying `width` drafts (one of `chunk_widths`),
+    or with a `budget` of positions (at least the pool's rows), the most valuable of its rows' first `width` drafts
+    (engine/budget.py); source: bound to `params` (draft_source.py). With plan.stop_early (on a CPU), up to R rounds:
+    the chunk ends after the round in which a row finished, so the host collects it and refills its slot at once,
+    and no round runs after the last row is done; without a budget it also ends when the rows' drafts need another
+    width (`needed_width`: a hybrid's n-gram rows more drafts verified than its SpecFormer rows, an n-gram row with
+    no match none), so each round costs what its rows need. The host then runs the chunk of that width (the first
+    round runs at this one)."""
+    if budget and budget < pool.done.shape[0]:
+        raise ValueError(f"a budget of {budget} positions cannot hold the last tokens of {pool.done.shape[0]} rows")
+    step = lambda s: decode_round(plan, width, params, source, accept, s, budget=budget)
+    switches = plan.stop_early and len(chunk_widths(plan, source)) > 1 and not budget
     same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
     return _rounds(plan, rounds, step, same, pool)
 
@@ -135,14 +164,22 @@ def run_plain_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool:
     return _rounds(plan, rounds, step, lambda s: True, pool)
 
 
-def run_first_rows(plan: DecodePlan, rounds: int, width: int, rows: int, params, source, accept, pool: Pool) -> Pool:
-    """`run_chunk` at `width` (`run_plain_chunk` for 0 on a speculative pool) over the pool's first `rows` rows only
-    (pool.first_rows: the caches stay in place), so a round costs what those rows cost, not the whole pool's."""
+def run_budget_chunk(plan: DecodePlan, rounds: int, width: int, budget: int, params, source, accept,
+                     pool: Pool) -> Pool:
+    """`run_chunk` with a budget of positions (its static arguments first, as the engine compiles them)."""
+    return run_chunk(plan, rounds, width, params, source, accept, pool, budget)
+
+
+def run_first_rows(plan: DecodePlan, rounds: int, width: int, rows: int, budget: int, params, source, accept,
+                   pool: Pool) -> Pool:
+    """`run_chunk` at `width` (`run_plain_chunk` for 0 on a speculative pool; with a `budget` of positions, or 0)
+    over the pool's first `rows` rows only (pool.first_rows: the caches stay in place), so a round costs what those
+    rows cost, not the whole pool's."""
     part = first_rows(pool, rows)
     if width == 0 and plan.speculative:
         part = run_plain_chunk(plan, rounds, params, source, accept, part)
     else:
-        part = run_chunk(plan, rounds, width, params, source, accept, part)
+        part = run_chunk(plan, rounds, width, params, source, accept, part, budget)
     return with_first_rows(pool, part)
 
 

@@ -40,6 +40,8 @@ class Pool:
     origin_rounds: jax.Array  # int32[P, O]: the request's rounds by the origin of their drafts
     origin_emitted: jax.Array  # int32[P, O]: tokens those rounds emitted
     origin_accepted: jax.Array  # int32[P, O, k]: those rounds in which draft slot i was accepted
+    verified: jax.Array  # int32[P]: drafts the request's rounds verified
+    bare_rounds: jax.Array  # int32[P]: the request's rounds that verified no draft (a budget gave it none)
     rounds: jax.Array  # int32[]: rounds run with at least one live row
     rounds_run: jax.Array  # int32[]: rounds run, those after every row was done included
 
@@ -64,7 +66,7 @@ def empty_pool(plan: DecodePlan, pool_size: int, max_len: int, source) -> Pool:
         keys=jax.random.split(jax.random.key(0), P), row_rounds=zeros, row_emitted=zeros,
         accepted=jnp.zeros((P, k), jnp.int32), origin=zeros, origin_rounds=jnp.zeros((P, O), jnp.int32),
         origin_emitted=jnp.zeros((P, O), jnp.int32), origin_accepted=jnp.zeros((P, O, k), jnp.int32),
-        rounds=jnp.int32(0), rounds_run=jnp.int32(0),
+        verified=zeros, bare_rounds=zeros, rounds=jnp.int32(0), rounds_run=jnp.int32(0),
     )
 
 
@@ -100,6 +102,7 @@ def insert(plan: DecodePlan, params, source, pool: Pool, prompts: jax.Array, len
         done=put(pool.done, is_eos(first, plan.eos_ids) | (budget <= 1)),
         keys=pool.keys.at[slots].set(keys, mode="drop"),
         row_rounds=put(pool.row_rounds, zeros), row_emitted=put(pool.row_emitted, zeros),
+        verified=put(pool.verified, zeros), bare_rounds=put(pool.bare_rounds, zeros),
         accepted=put(pool.accepted, jnp.zeros((b, plan.draft_len), jnp.int32)),
         origin_rounds=put(pool.origin_rounds, jnp.zeros((b,) + pool.origin_rounds.shape[1:], jnp.int32)),
         origin_emitted=put(pool.origin_emitted, jnp.zeros((b,) + pool.origin_emitted.shape[1:], jnp.int32)),

@@ -72,7 +72,8 @@ class DecodeRun:
     live_row_rounds: int = 0  # rounds summed over requests: how full the pool ran
     pool_size: int = 0
     rows: dict[str, list] = dataclasses.field(default_factory=dict)  # speculative: "row_rounds", "row_emitted",
-    # "accepted" [k] per request, and with several origins ORIGIN_COUNTS ([O], [O], [O, k]) per request
+    # "accepted" [k], "verified", "bare_rounds" per request, and with several origins ORIGIN_COUNTS ([O], [O],
+    # [O, k]) per request
     origins: tuple[str, ...] = ()  # the draft source's origins (draft_source.py)
 
     def stats(self) -> dict:
@@ -106,11 +107,16 @@ def _speculative_stats(rows: dict[str, list]) -> dict:
     rounds = np.asarray(rows["row_rounds"], np.int64)
     emitted = np.asarray(rows["row_emitted"], np.int64)
     accepted = np.asarray(rows["accepted"], np.int64)
+    verified = np.asarray(rows["verified"], np.int64)
     total = max(int(rounds.sum()), 1)
     return {
         "rounds": int(rounds.sum()),
         "mean_accepted_length": float(emitted.sum() / total),
         "acceptance_rate_per_slot": (accepted.sum(0) / total).tolist(),
+        # a request's round verifies its last token and the drafts chosen for it (all k without a budget)
+        "verified_positions_per_round": float(1 + verified.sum() / total),
+        "accepted_per_verified_draft": float(accepted.sum() / max(int(verified.sum()), 1)),
+        "rounds_without_drafts": float(np.asarray(rows["bare_rounds"], np.int64).sum() / total),
         "per_row": {"rounds": rounds.tolist(), "mean_accepted_length": (emitted / np.maximum(rounds, 1)).tolist()},
     }
 

@@ -25,7 +25,14 @@ import numpy as np
 
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.engine import runner
-from specformer_jax.decoding.engine.chunk import chunk_widths, needed_width, run_chunk, run_first_rows, run_plain_chunk
+from specformer_jax.decoding.engine.chunk import (
+    chunk_widths,
+    needed_width,
+    run_budget_chunk,
+    run_chunk,
+    run_first_rows,
+    run_plain_chunk,
+)
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.pool import Pool, cache_len, cancel_rows, empty_pool, insert, move_rows
 from specformer_jax.decoding.engine.runner import ORIGIN_COUNTS, DecodeRun
@@ -52,10 +59,12 @@ class Engine:
     """The compiled functions of one plan, draft source, acceptance rule, pool size and mesh, and the device state
     they pass along."""
 
-    def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh):
+    def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh,
+                 budget: int = 0):
         source = source.bind(plan, params) if plan.speculative else None  # once per call: not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
+        self.budget = budget if plan.speculative else 0  # positions a round verifies (engine/budget.py); 0: all
         self.widths = chunk_widths(plan, source)
         self.width = self.widths[-1]  # of the next chunk
         self.compile_seconds = 0.0
@@ -81,10 +90,14 @@ class Engine:
         """(the compiled chunk `chunk` runs for these arguments, its arguments): compiled now if it was not."""
         args = (self.params, self.source, self.accept, self.pool)
         width = self.width if width is None else width
+        budget = self.budget if width else 0
         if rows is not None and rows < self.pool.done.shape[0]:
-            return self._compiled(run_first_rows, args, static=(self.rounds, width, rows), donate=(3,)), args
+            static = (self.rounds, width, rows, budget)
+            return self._compiled(run_first_rows, args, static=static, donate=(3,)), args
         if width == 0 and self.plan.speculative:
             return self._compiled(run_plain_chunk, args, static=(self.rounds,), donate=(3,)), args
+        if budget:
+            return self._compiled(run_budget_chunk, args, static=(self.rounds, width, budget), donate=(3,)), args
         return self._compiled(run_chunk, args, static=(self.rounds, width), donate=(3,)), args
 
     def compile_fill(self, rows: int, prompt_len: int) -> None:
@@ -142,18 +155,19 @@ class Engine:
 
 def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
                     accept=Verify(), chunk_rounds: int = CHUNK_ROUNDS, schedule: str = "continuous", mesh=None,
-                    stream: bool = False, budgets: list[int] | None = None,
+                    stream: bool = False, budgets: list[int] | None = None, verify_budget: int = 0,
                     on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
     """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; source: the draft source of
     a speculative plan (draft_source.py), else None; accept: the acceptance rule (speculative.Verify, or
     set_acceptance.SetAcceptance to measure costs); keys: one PRNG key per request; budgets: new tokens per request
     (default: plan.max_new_tokens, also the most allowed); chunk_rounds: rounds per chunk. Yields (request index,
     new tokens) at chunk boundaries when `stream`; returns the DecodeRun. on_finished(number of requests done) is
-    called when requests finish."""
+    called when requests finish. verify_budget: positions each speculative round verifies, at least pool_size
+    (engine/budget.py: every live row's last token and the most valuable drafts); 0: every row's drafts."""
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
     max_len = cache_len(plan, bucket(max(map(len, ids))))
     start = time.perf_counter()  # before the pool compiles: every compilation counted lies inside the run
-    engine = Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh)
+    engine = Engine(plan, params, source, accept, chunk_rounds, pool_size, max_len, mesh, verify_budget)
     run = DecodeRun([[] for _ in ids], [0.0] * len(ids), pool_size=pool_size,
                     plain_steps=0 if schedule == "static" else None,
                     origins=tuple(source.origins) if plan.speculative else ())
@@ -220,7 +234,8 @@ def _collect(pool: Pool, ended: list[int], slot_req, sent, num_out, run: DecodeR
     """Copy the finished requests' tokens and counts to the host and free their slots."""
     idx = jnp.asarray(ended)
     out = np.asarray(pool.out[idx])
-    names = ("row_rounds", "row_emitted", "accepted") + (ORIGIN_COUNTS if pool.origin_rounds.shape[1] > 1 else ())
+    names = ("row_rounds", "row_emitted", "accepted", "verified", "bare_rounds")
+    names += ORIGIN_COUNTS if pool.origin_rounds.shape[1] > 1 else ()
     counts = jax.device_get({name: getattr(pool, name)[idx] for name in names})
     for i, s in enumerate(ended):
         r = slot_req[s]

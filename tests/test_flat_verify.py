@@ -1,0 +1,81 @@
+"""The flat verify pass (a round's chosen positions as one list, each with its row and position) against the padded
+pass it replaces: the target's states, logits and cache."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.names import resolve_drafter
+from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.kv_cache import target_cache
+from specformer_jax.modeling.target import Target
+
+
+@pytest.mark.parametrize("layout", ["stacked", "packed"])
+def test_a_flat_pass_computes_what_the_padded_pass_computes_at_the_positions_it_holds(layout):
+    """Rows of different cache lengths verify 3, 0, 1 and 2 drafts; the flat pass holds only those positions (and
+    padding placed past the cache's end), and gives the padded pass's states and cache at each of them."""
+    model = load_target("random:tiny", dtype="float32")
+    if layout == "packed":
+        model = model.use_decoding_layout(4)
+    cfg, params = model.cfg, model.params
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(3, cfg.vocab_size, (4, 12)), jnp.int32)
+    lens = jnp.asarray([12, 5, 9, 7], jnp.int32)
+    _, cache, _ = Target(cfg).apply({"params": params}, prompts, target_cache(cfg, 4, 32), lens)
+    cache = cache.replace(lengths=lens)
+    tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (4, 4)), jnp.int32)  # [x, d_1, d_2, d_3] per row
+    want, want_cache, _ = Target(cfg).apply({"params": params}, tokens, cache, method=Target.forward)
+    chosen = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    rows = jnp.asarray([b for b, _ in chosen] + [0, 0], jnp.int32)  # two padding positions
+    at = jnp.asarray([j for _, j in chosen] + [0, 0], jnp.int32)
+    positions = jnp.where(jnp.arange(12) < len(chosen), lens[rows] + at, cache.max_len)
+    got, got_cache, _ = Target(cfg).apply({"params": params}, tokens[rows, at], rows, positions, cache,
+                                          method=Target.forward_flat)
+    index = tuple(jnp.asarray(x) for x in zip(*chosen))
+    np.testing.assert_allclose(got[: len(chosen)], want[index], rtol=1e-5, atol=1e-5)
+    assert (got_cache.lengths == lens).all()
+    for b, j in chosen:
+        np.testing.assert_allclose(got_cache.k[:, b, :, lens[b] + j], want_cache.k[:, b, :, lens[b] + j], atol=1e-6)
+    untouched = cache.k[:, 1, :, 6:]  # row 1 verified x alone: nothing after it was written
+    np.testing.assert_array_equal(got_cache.k[:, 1, :, 6:], untouched)
+
+
+GREEDY_PROMPTS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72], [11, 12],
+                  [100, 101, 102, 103, 104], [60], [7, 7, 7, 8, 8, 8, 9, 9]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = load_target("random:tiny", dtype="float32")
+    return model, resolve_drafter("random", model)
+
+
+@pytest.mark.parametrize("batch, budgets", [(1, (1, 2, 3, 4)), (3, (3, 4, 5, 7, 12))])
+def test_greedy_output_with_a_verify_budget_is_plain_output_for_every_row(tiny, batch, budgets):
+    """Budgets from none (every row verifies its last token alone) to every draft, on a ragged pool refilled as rows
+    finish: every row equals plain greedy decoding, and the stats count what the budgets allowed."""
+    model, drafter = tiny
+    plain = generate(model, GREEDY_PROMPTS, max_new_tokens=16, batch_size=batch, chat=False).token_ids
+    for budget in budgets:
+        out = generate(model, GREEDY_PROMPTS, max_new_tokens=16, batch_size=batch, chat=False, drafter=drafter,
+                       draft_len=3, verify_budget=budget)
+        assert out.token_ids == plain, budget
+        stats = out.stats
+        assert stats["verify_budget"] == budget
+        assert 1 <= stats["verified_positions_per_round"] <= min(4, budget) + 1e-9
+        if budget == batch:  # drafts only where rows have finished and left their positions to the others
+            assert stats["rounds_without_drafts"] > 0.5 if batch > 1 else stats["rounds_without_drafts"] == 1
+        if budget >= 4 * batch:
+            assert stats["verified_positions_per_round"] == 4 and stats["rounds_without_drafts"] == 0
+
+
+def test_a_budget_below_the_batch_size_is_refused(tiny):
+    model, drafter = tiny
+    with pytest.raises(SpecformerError, match="verify_budget must be 0 or at least the batch size, 3"):
+        generate(model, GREEDY_PROMPTS, max_new_tokens=4, batch_size=3, chat=False, drafter=drafter, draft_len=2,
+                 verify_budget=2)
