@@ -18,7 +18,7 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts import draft_source, hybrid
 from specformer_jax.decoding.drafts.hybrid import Hybrid
 from specformer_jax.decoding.drafts.ngram import NgramDrafts
-from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine import budget, runner
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.kv_cache import KVCache
 from specformer_jax.modeling.loaded import LoadedDrafter
@@ -90,9 +90,9 @@ def chi_square_pvalue(samples, joint):
     return scipy.stats.chisquare(obs_b, exp_b * obs_b.sum() / exp_b.sum()).pvalue
 
 
-def sample_tokens_2_and_3(model, drafter, seed, prompt=PROMPT):
+def sample_tokens_2_and_3(model, drafter, seed, prompt=PROMPT, verify_budget=0):
     res = generate(model, [prompt] * ROWS, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
-                   batch_size=1000, seed=seed, drafter=drafter, draft_len=3)
+                   batch_size=1000, seed=seed, drafter=drafter, draft_len=3, verify_budget=verify_budget)
     assert 1.0 <= res.stats["mean_accepted_length"] <= 4.0
     return [tuple(ids[1:3]) for ids in res.token_ids], res.stats
 
@@ -135,14 +135,39 @@ def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch)
     """The power check of the test above: with q mishandled, the same samples fail it."""
     real = speculative.verify
 
-    def ignores_q(logits, drafts, q, keys, sampling):  # treats every draft as if drawn uniformly
-        return real(logits, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), keys, sampling)
+    def ignores_q(logits, drafts, q, keys, sampling, limit=None):  # treats every draft as if drawn uniformly
+        return real(logits, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), keys, sampling, limit)
 
     monkeypatch.setattr(speculative, "verify", ignores_q)
     monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())  # do not reuse the correct compiled ones
     joint = exact_joint_of_tokens_2_and_3(model)
     samples, _ = sample_tokens_2_and_3(model, drafter, seed=11)
     assert chi_square_pvalue(samples, joint) < 1e-6
+
+
+BUDGET = 1000 + 1200  # every row's last token and 1,200 of the pool's 3,000 drafts: rows cut at 0, 1, 2 and 3
+
+
+def test_samples_with_a_verify_budget_follow_the_target_distribution(model, drafter):
+    """A budget cuts the rows of one round at different lengths (engine/budget.py); each row's rejection rule runs
+    over its own verified drafts, and a row that accepts all of them draws its bonus token from the target there."""
+    joint = exact_joint_of_tokens_2_and_3(model)
+    samples, stats = sample_tokens_2_and_3(model, drafter, seed=12, verify_budget=BUDGET)
+    assert 1.5 < stats["verified_positions_per_round"] < 3.5 and 0 < stats["rounds_without_drafts"] < 0.5
+    assert 0 < stats["acceptance_rate_per_slot"][0] < 1
+    assert chi_square_pvalue(samples, joint) > 1e-3
+
+
+def test_the_test_catches_a_flat_layout_read_one_entry_off(model, drafter, monkeypatch):
+    """The power check of the budget's test: each position verified against the logits of the entry after it in
+    the flat list (an off-by-one between the layout and its reading)."""
+    real = budget.gather_rows
+    monkeypatch.setattr(budget, "gather_rows", lambda x, index: real(x, index + 1))
+    monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())
+    joint = exact_joint_of_tokens_2_and_3(model)
+    samples, _ = sample_tokens_2_and_3(model, drafter, seed=12, verify_budget=BUDGET)
+    with pytest.raises(AssertionError):  # tokens outside the target's top-k supports, or a failed chi-square
+        assert chi_square_pvalue(samples, joint) > 1e-6
 
 
 @pytest.mark.slow  # CI time: the power check above runs in `make test`, this variant's with -m slow

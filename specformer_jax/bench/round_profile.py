@@ -39,7 +39,14 @@ from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import Verify, round_keys
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.engine import runner
-from specformer_jax.decoding.engine.chunk import run_chunk, target_logits, target_pass, update
+from specformer_jax.decoding.engine.chunk import (
+    flat_verify,
+    run_budget_chunk,
+    run_chunk,
+    target_logits,
+    target_pass,
+    update,
+)
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.pool import cache_len, empty_pool, insert
 from specformer_jax.errors import SpecformerError
@@ -52,25 +59,40 @@ ROUND_PARTS = STEP_PARTS + ("draft_context", "draft_slots", "draft_head")
 
 def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: list[int], draft_lens: list[int],
                    context: int = 72, chunk_rounds: int = 8, repeats: int = 20,
-                   on_progress: Callable[[dict], None] | None = None, log: bool = True) -> dict:
+                   on_progress: Callable[[dict], None] | None = None, log: bool = True,
+                   budgets: list[int] = ()) -> dict:
     """The profile document: per batch size the plain step and a round with each k of `draft_lens`, their parts and
-    the ratios (rounds in plain steps, the parts' sum over the whole). `on_progress` gets the document after every
-    batch size ("complete": false until the last)."""
+    the ratios (rounds in plain steps, the parts' sum over the whole). `budgets`: positions past the batch size;
+    each adds a round of the largest k with a budget of B + that many positions (engine/budget.py), timed whole
+    and its flat verify pass alone ("budget_results"). `on_progress` gets the document after every batch size
+    ("complete": false until the last)."""
     _check_positions(model, context, chunk_rounds, max(draft_lens))
     doc = {"context": context, "chunk_rounds": chunk_rounds, "repeats": repeats,
            "drafter_sha256": drafter.sha256, "draft_vocab_size": drafter.cfg.draft_vocab_size,
            "dtype": model.cfg.dtype, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
            "cpu_count": os.cpu_count(),
            "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
-           "results": [], "complete": False}
+           "results": [], "budget_results": [], "complete": False}
     for B in batch_sizes:
         model.use_decoding_layout(B)
         layout = _layout(model)  # the target's decoding layout can differ by batch size (off the CPU kernels)
         timers = {k: _Timers(model, drafter, B, k, context, chunk_rounds) for k in [0, *draft_lens]}
+        k_max = max(draft_lens)
+        timers.update({("budget", B + e): _Timers(model, drafter, B, k_max, context, chunk_rounds, B + e)
+                       for e in budgets})
         items = {(k, name): fn for k, t in timers.items() for name, fn in t.items.items()}
         seconds = _interleaved(items, {key: chunk_rounds for key in items if key[1] != "whole"}, repeats)
         seconds.update({(k, "whole"): seconds[k, "whole"] / chunk_rounds for k in timers})  # a chunk: R rounds
         step = seconds[0, "whole"]
+        for e in budgets:
+            whole, flat = seconds[("budget", B + e), "whole"], seconds[("budget", B + e), "flat_target"]
+            doc["budget_results"].append({"batch_size": B, "draft_len": k_max, "budget": B + e,
+                                          "whole_seconds": whole, "in_plain_steps": whole / step,
+                                          "flat_target_seconds": flat, "flat_target_in_plain_steps": flat / step})
+            if log:
+                print(f"specformer profile-round: batch {B}, k = {k_max}, budget {B + e}: {whole * 1e3:.1f} ms a "
+                      f"round, {whole / step:.2f} plain steps (flat pass {flat * 1e3:.1f} ms)", file=sys.stderr)
+        timers = {k: t for k, t in timers.items() if not isinstance(k, tuple)}
         for k, t in timers.items():
             parts = {name: seconds[k, name] for name in t.items if name != "whole"}
             whole = seconds[k, "whole"]
@@ -108,7 +130,7 @@ class _Timers:
     """The compiled whole and parts of one (batch size, k), on a pool prefilled to `context` tokens a row: `items`
     maps each name to a call that runs it once (setting back the lengths it moved)."""
 
-    def __init__(self, model, drafter, B: int, k: int, context: int, R: int):
+    def __init__(self, model, drafter, B: int, k: int, context: int, R: int, budget: int = 0):
         no_eos = dataclasses.replace(model, eos_ids=())  # every row stays live however long it runs
         self.plan = make_plan(no_eos, k, SamplingConfig(), R * (k + 1) + 1)
         plan, self.params = self.plan, model.params
@@ -121,8 +143,11 @@ class _Timers:
                 jax.random.split(jax.random.key(0), B))
         self.pool = _compiled(insert, plan, args, donate=(2,))(*args)
         self.start = jax.device_get({"lengths": self.pool.cache.lengths, "num_out": self.pool.num_out})
-        self.items = {"whole": self._whole(R)}
-        self._parts()
+        self.items = {"whole": self._whole(R, budget)}
+        if budget:
+            self._flat_parts(budget)
+        else:
+            self._parts()
 
     def _rewind(self, pool):
         """The pool with its rows back at the start (same lengths and counts; the caches' contents kept)."""
@@ -131,9 +156,10 @@ class _Timers:
         return pool.replace(cache=pool.cache.replace(lengths=lengths()), draft_state=state,
                             num_out=jnp.asarray(self.start["num_out"]), done=jnp.zeros_like(pool.done))
 
-    def _whole(self, R: int):
+    def _whole(self, R: int, budget: int):
         args = (self.params, self.source, Verify(), self.pool)
-        chunk = _compiled(run_chunk, self.plan, args, static=(R, self.plan.draft_len), donate=(3,))
+        static = (R, self.plan.draft_len) + ((budget,) if budget else ())
+        chunk = _compiled(run_budget_chunk if budget else run_chunk, self.plan, args, static=static, donate=(3,))
 
         def call():
             self.pool = self._rewind(chunk(self.params, self.source, Verify(), self.pool))
@@ -170,6 +196,22 @@ class _Timers:
         self.items.update(target=target, lm_head=lambda: head(params, h), accept=lambda: accept(*accept_args),
                           update=lambda: bookkeeping(*update_args))
 
+    def _flat_parts(self, budget: int):
+        """The flat verify pass of a round with a budget (chunk.flat_verify: the choice, the target over the chosen
+        positions, the LM head and acceptance), on a copy of the pool, its caches fed back as in `_parts`."""
+        plan, params, source = self.plan, self.params, self.source
+        s = jax.tree.map(jnp.copy, self._rewind(self.pool))
+        keys = round_keys(s.keys, s.row_rounds + 1)
+        flat = _compiled(_flat_pass, plan, (params, source, s.cache, s.replace(cache=None), keys), static=(budget,),
+                         donate=(2,))
+        state = {"cache": s.cache}
+
+        def call():
+            n, cache = flat(params, source, state["cache"], s.replace(cache=None), keys)
+            state["cache"] = cache.replace(lengths=jnp.asarray(self.start["lengths"]))
+            return n
+        self.items["flat_target"] = call
+
     def _draft_parts(self, s, kept, emitted, hidden, n, keys):
         plan, source = self.plan, self.source
         context_args = (source, hidden, s.draft_state, kept, emitted)
@@ -190,6 +232,11 @@ def _without_contents(tree):
         return shrink(tree)
     state = None if tree.draft_state is None else shrink(tree.draft_state)
     return tree.replace(cache=shrink(tree.cache), draft_state=state)
+
+
+def _flat_pass(plan, budget, params, source, cache, s, keys):
+    n, _, cache, _, _ = flat_verify(plan, params, source, Verify(), s.replace(cache=cache), s.drafts, s.q, keys, budget)
+    return n, cache
 
 
 def _accept(plan, accept, logits, drafts, q, keys):
@@ -250,4 +297,18 @@ def render_markdown(doc: dict) -> str:
         out.append("| **measured (chunk / R)** | " + " | ".join(cell(r, r["whole_seconds"]) for r in rows) + " |")
         out.append("| sum / measured | " + " | ".join(f"{r['parts_over_whole']:.2f}" for r in rows) + " |")
         out.append("")
+        out += _budget_table(doc.get("budget_results", []), B)
     return "\n".join(out)
+
+
+def _budget_table(results: list[dict], B: int) -> list[str]:
+    """Rounds with a verify budget at batch B: the whole round and its flat verify pass, in ms and plain steps."""
+    rows = [r for r in results if r["batch_size"] == B]
+    if not rows:
+        return []
+    out = [f"Batch {B}, rounds with a verify budget (k = {rows[0]['draft_len']}; ms, and plain steps in brackets)", "",
+           "| positions per round | round (chunk / R) | flat verify pass |", "|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['budget']} | {r['whole_seconds'] * 1e3:.2f} ({r['in_plain_steps']:.2f}) | "
+                   f"{r['flat_target_seconds'] * 1e3:.2f} ({r['flat_target_in_plain_steps']:.2f}) |")
+    return out + [""]

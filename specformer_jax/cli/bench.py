@@ -80,6 +80,9 @@ def _add_profile_round(sub) -> None:
     p.add_argument("--batch-sizes", type=a.int_list("--batch-sizes"), default=[1, 8], help="e.g. 1,8,64")
     p.add_argument("--draft-lens", type=a.int_list("--draft-lens"), default=[1, 2, 3, 4],
                    help="drafts per round to profile, each against the plain step (default 1,2,3,4)")
+    p.add_argument("--budgets", type=a.int_list("--budgets", from_zero=True, like="0,2,4"), default=[],
+                   help="also rounds of the largest --draft-lens k with a verify budget of the batch size plus each "
+                        "of these positions, e.g. 0,2,4,8: the round and its flat verify pass, timed")
     p.add_argument("--context", type=a.kind(POSITIVE_INT), default=72,
                    help="tokens in every row's cache (default 72: the benchmark prompts' mean, 41, and half of "
                         "bench's 64 new tokens)")
@@ -168,7 +171,7 @@ def run_profile_round(args) -> int:
             write_atomic(args.table, render_markdown(doc) + "\n")
 
     profile_rounds(model, drafter, batch_sizes=args.batch_sizes, draft_lens=args.draft_lens, context=args.context,
-                   chunk_rounds=args.chunk_rounds, repeats=args.repeats, on_progress=write)
+                   chunk_rounds=args.chunk_rounds, repeats=args.repeats, on_progress=write, budgets=args.budgets)
     print(f"specformer: wrote {args.out}" + (f" and {args.table}" if args.table else ""), file=sys.stderr)
     return 0
 

@@ -40,7 +40,7 @@ def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, 
             tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)  # [P, width + 1]
             h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
             n, final = accept(target_logits(plan, params, h), drafts, q, keys, plan.sampling)
-            chosen = jnp.full(n.shape, width, jnp.int32)
+            chosen = None
     s, kept, emitted = update(plan, s, cache, drafts, n, final, chosen)
     if not plan.speculative:
         return s
@@ -97,14 +97,16 @@ def target_logits(plan: DecodePlan, params, h: jax.Array) -> jax.Array:
     return Target(plan.cfg).apply({"params": params}, h, method=Target.logits)
 
 
-def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, final: jax.Array, chosen: jax.Array):
-    """The bookkeeping of a round that verified the first chosen[b] of `drafts` [P, w] (w <= k) with n accepted and
-    the token `final` after them per row: the tokens emitted (cut after an EOS and at the budget), the cache lengths,
-    counts and flags.
+def update(plan: DecodePlan, s: Pool, cache, drafts: jax.Array, n: jax.Array, final: jax.Array,
+           chosen: jax.Array | None = None):
+    """The bookkeeping of a round that verified the first chosen[b] of `drafts` [P, w] (w <= k; default all w) with
+    n accepted and the token `final` after them per row: the tokens emitted (cut after an EOS and at the budget), the
+    cache lengths, counts and flags.
     Returns (pool, kept: positions each row keeps in the caches (0: not live), emitted [P, w + 1]: the token after
     each position of [x, d_1..d_w])."""
     live = ~s.done
     P, N, k, w = s.out.shape[0], s.out.shape[1], plan.draft_len, drafts.shape[1]
+    chosen = jnp.full((P,), w, jnp.int32) if chosen is None else chosen
     j = jnp.arange(w + 1)[None, :]
     emitted = jnp.where(j < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), final[:, None])
     eos_at = jnp.min(jnp.where(is_eos(emitted, plan.eos_ids) & (j <= n[:, None]), j, w + 1), axis=1)
