@@ -17,9 +17,10 @@ CPU_DRAFT_LENS: dict[str, dict[int | range, int]] = {
     "ngram": {1: 7, 2: 2},
     "hybrid": {1: 7, 2: 4},
 }
-# Positions a speculative round verifies by pool size on a CPU with its kernels (decoding/engine/budget.py): every
-# live row's last token and the most valuable drafts; 0 (or a pool size not listed): every row's k drafts.
-CPU_VERIFY_BUDGETS: dict[str, dict[int | range, int]] = {}
+# The default round by pool size on a CPU with its kernels where it verifies a budget (decoding/engine/budget.py):
+# (drafts per row, positions per round over the pool: every live row's last token and the most valuable drafts).
+# A pool size not listed here takes CPU_DRAFT_LENS, verified whole. The server keeps CPU_DRAFT_LENS.
+CPU_VERIFY_BUDGETS: dict[str, dict[int | range, tuple[int, int]]] = {"specformer": {range(3, 5): (2, 8)}}
 # On a GPU or TPU: every trained slot of a SpecFormer drafter (a hybrid's too); a source without one (the n-gram
 # lookup alone) drafts this many.
 ACCELERATOR_NGRAM_DRAFTS = 4
@@ -58,6 +59,14 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # No measurement committed: development sweeps on the six editing prompts (accepted length 2.12 with 2, 2.08
     # with 3, 1.90 with 1 at batch 1).
     "HYBRID_MIN_MATCH": (),
+    # Side by side with plain decoding on the chat prompts (4 alternating pairs each): at batch 4, 2 drafts a row
+    # under a budget of 8 positions 1.32x, 3 under 10 1.22x, where the uniform default (k = 1, the same 8
+    # positions) ran 1.10x; at batch 3, 2 under 8 1.24x (the uniform k = 2 ran 1.14x in draft_len_cpu_v14_b3458);
+    # at batch 5 and 6 1.11x and 1.03x, no better than k = 1 and plain; at batch 2, 3 drafts under 8 ran 1.29x
+    # against the uniform k = 2's 1.33x; at batch 8 budgets of 12 and 16 ran 0.99x and 0.91x, at batch 16 20 and
+    # 24 ran 0.94x and 0.90x, so those decode plainly.
+    "CPU_VERIFY_BUDGETS": tuple(_RESULTS + f"verify_budget_cpu_{name}.json" for name in (
+        "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8")),
     "NGRAM_DRAFT_CONFIDENCE": (),
     # On a CPU: the rounds a larger R wastes after a request finished (tokens/s was noise there); GPU timings of R
     # are not committed.
@@ -79,12 +88,19 @@ def for_pool(table: dict[int | range, int], pool_size: int, otherwise: int = 0) 
 
 def pool_table_text(table: dict[int | range, int]) -> str:
     """A table in words: {1: 3, 2: 2, range(3, 5): 1} -> "3 at batch 1, 2 at batch 2, 1 at batch 3-4"."""
-    sizes = lambda s: f"{s.start}-{s.stop - 1}" if isinstance(s, range) else str(s)
-    return ", ".join(f"{value} at batch {sizes(s)}" for s, value in table.items())
+    return ", ".join(f"{value} at batch {_sizes(s)}" for s, value in table.items())
+
+
+def _sizes(sizes: int | range) -> str:
+    return f"{sizes.start}-{sizes.stop - 1}" if isinstance(sizes, range) else str(sizes)
 
 
 def draft_len_defaults_text() -> str:
     """The default draft lengths in words, for help texts and docstrings."""
     cpu = "; ".join(f"{kind} {pool_table_text(table)}" for kind, table in CPU_DRAFT_LENS.items())
+    budgets = "; ".join(f"{kind} " + ", ".join(f"{k} drafts a row with {budget} positions a round at batch "
+                                               f"{_sizes(sizes)}" for sizes, (k, budget) in table.items())
+                        for kind, table in CPU_VERIFY_BUDGETS.items())
     return (f"every trained slot on a GPU/TPU ({ACCELERATOR_NGRAM_DRAFTS} for ngram); on a CPU: {cpu}, plain decoding "
-            "at other batch sizes; 1 on a CPU without its kernels (a bfloat16 model, a mesh)")
+            "at other batch sizes; 1 on a CPU without its kernels (a bfloat16 model, a mesh)"
+            + (f"; with a verify budget, on a CPU: {budgets}" if budgets else ""))

@@ -9,6 +9,7 @@ import pytest
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.engine.budget import chosen_lengths, draft_values, flat_layout
 from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.kv_cache import target_cache
@@ -79,3 +80,34 @@ def test_a_budget_below_the_batch_size_is_refused(tiny):
     with pytest.raises(SpecformerError, match="verify_budget must be 0 or at least the batch size, 3"):
         generate(model, GREEDY_PROMPTS, max_new_tokens=4, batch_size=3, chat=False, drafter=drafter, draft_len=2,
                  verify_budget=2)
+
+
+def test_the_budget_goes_to_the_most_valuable_drafts_and_each_row_keeps_a_prefix():
+    """Values are chances that a draft and those before it are accepted; the choice fills the budget after every
+    live row's last token with the highest ones (none of value 0, none of a row that is not live), and the flat
+    layout holds each row's [x, d_1..d_m] on consecutive entries."""
+    conf = jnp.asarray([[0.9, 0.9, 0.9], [0.2, 1.0, 1.0], [0.99, 0.5, 0.9], [1.0, 1.0, 1.0], [0.95, 0.0, 1.0]])
+    live = jnp.asarray([True, True, True, False, True])
+    values = draft_values(conf, live)
+    np.testing.assert_allclose(values[2], [0.99, 0.495, 0.4455], rtol=1e-6)
+    assert (values[3] == -1).all()
+    for budget, want in [(4, [0, 0, 0, 0, 0]), (5, [0, 0, 1, 0, 0]), (7, [1, 0, 1, 0, 1]), (8, [2, 0, 1, 0, 1]),
+                         (20, [3, 3, 3, 0, 1])]:
+        chosen = chosen_lengths(values, live, budget)
+        assert chosen.tolist() == want, budget
+        index, rows, at, valid = flat_layout(live, chosen, 3, budget)
+        entries = [(b, j) for b in range(5) if live[b] for j in range(want[b] + 1)]
+        assert rows[: len(entries)].tolist() == [b for b, _ in entries]
+        assert at[: len(entries)].tolist() == [j for _, j in entries]
+        assert valid.tolist() == [i < len(entries) for i in range(budget)]
+        for i, (b, j) in enumerate(entries):
+            assert index[b, j] == i
+        assert int(jnp.sum(index < budget)) == len(entries)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["generate", "--verify-budget", "x4"], "expected N or +N (a whole number of positions), got 'x4'"),
+    (["bench", "--verify-budget", "+-1", "--out", "/tmp/never.json"], "expected N or +N"),
+])
+def test_a_bad_verify_budget_is_one_line(cli_error, argv, says):
+    assert says in cli_error(argv[:1] + ["--model", "random:tiny"] + argv[1:])

@@ -27,7 +27,7 @@ from specformer_jax.bench.roofline import kv_bytes_per_token, measure_device, mo
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import Drafter, kind_name, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
-from specformer_jax.decoding.tuning.draft_len import checked_draft_len
+from specformer_jax.decoding.tuning.draft_len import budget_at, checked_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen
 from specformer_jax.errors import SpecformerError
@@ -105,13 +105,6 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         if on_progress:
             on_progress(doc)
     return doc
-
-
-def budget_at(budget: str | int | None, batch_size: int) -> int | None:
-    """A verify budget for this batch size: "+N" is the batch size plus N, a number itself, None the default."""
-    if isinstance(budget, str):
-        return batch_size + int(budget[1:])
-    return budget
 
 
 def _announce(drafter: str | None, draft_len, requests: dict[int, int], max_new_tokens: int, repeats: int,

@@ -3,7 +3,6 @@ result files from different devices side by side."""
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from specformer_jax import defaults
 from specformer_jax.assets import PROMPT_SETS, prompt_set
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli import args as a
-from specformer_jax.cli.decode import draft_len
+from specformer_jax.cli.decode import VERIFY_BUDGET_HELP, draft_len, verify_budget
 from specformer_jax.errors import SpecformerError
 from specformer_jax.files import write_atomic, write_json
 
@@ -40,10 +39,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round, or auto (per batch size); default as in generate: "
                         + defaults.draft_len_defaults_text())
-    p.add_argument("--verify-budget", type=verify_budget, default=None,
-                   help="positions a speculative round verifies over the whole pool: N, or +N (the batch size plus "
-                        "N); 0: every row all its drafts (default: the measured budget with the default draft "
-                        "length, 0 with --draft-len K)")
+    p.add_argument("--verify-budget", type=verify_budget, default=None, help=VERIFY_BUDGET_HELP)
     p.add_argument("--max-new-tokens", type=a.kind(POSITIVE_INT), default=64)
     p.add_argument("--repeats", type=a.kind(POSITIVE_INT), default=3,
                    help="timed runs of each side, alternating plain and speculative; medians reported (default 3)")
@@ -113,14 +109,6 @@ def _add_bench_kernels(sub) -> None:
                    help="time N dependent calls in one jitted call and divide by N, so per-call dispatch drops out")
     p.add_argument("--out", type=a.out_file, required=True, help="result JSON")
     p.set_defaults(func=run_bench_kernels)
-
-
-def verify_budget(text: str) -> int | str:
-    """--verify-budget: N positions, or +N (the batch size plus N)."""
-    body = text[1:] if text.startswith("+") else text
-    if not body.isdigit():
-        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}")
-    return text if text.startswith("+") else int(text)
 
 
 def run_bench(args) -> int:

@@ -45,7 +45,22 @@ def add_parsers(sub) -> None:
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
                         "drafter alone: chosen per batch size from measured costs); default: "
                         + defaults.draft_len_defaults_text())
+    p.add_argument("--verify-budget", type=verify_budget, default=None, help=VERIFY_BUDGET_HELP)
     p.set_defaults(func=run_generate)
+
+
+VERIFY_BUDGET_HELP = ("positions a speculative round verifies over the whole pool, N or +N (the batch size plus N): "
+                      "every live row's last token, then the drafts most likely to be accepted across rows; 0: "
+                      "every row all its drafts; default: the measured budget with the default draft length, 0 with "
+                      "--draft-len K")
+
+
+def verify_budget(text: str) -> int | str:
+    """--verify-budget (here and in `bench`): N positions, or +N (the batch size plus N)."""
+    body = text[1:] if text.startswith("+") else text
+    if not body.isdigit():
+        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}")
+    return text if text.startswith("+") else int(text)
 
 
 def draft_len(text: str) -> int | str:
@@ -63,6 +78,7 @@ def run_generate(args) -> int:
     from specformer_jax.decoding.api import generate
     from specformer_jax.decoding.encode import read_prompts_file
     from specformer_jax.decoding.names import implied_drafter, read_drafter
+    from specformer_jax.decoding.tuning.draft_len import budget_at
 
     prompts = list(args.prompt) + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not prompts:
@@ -80,7 +96,8 @@ def run_generate(args) -> int:
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, chat=not args.no_chat,
                    max_cache_len=args.max_cache_len, drafter=drafter, draft_len=args.draft_len, mesh=a.mesh(args),
-                   records=a.records(), schedule=args.schedule, chunk_rounds=args.chunk_rounds)
+                   records=a.records(), schedule=args.schedule, chunk_rounds=args.chunk_rounds,
+                   verify_budget=budget_at(args.verify_budget, args.batch_size))
     streamed = len(prompts) == 1 and not args.json and sys.stdout.isatty() and model.tokenizer is not None
     result = _streamed(model, prompts[0], options) if streamed else generate(model, prompts, progress=True, **options)
     result.stats["load_seconds"] = load_s

@@ -31,6 +31,7 @@ from specformer_jax.decoding.tuning.draft_len import (
     checked_draft_len,
     checked_verify_budget,
     decide_draft_len,
+    default_budgeted_round,
     hybrid_model_len,
 )
 from specformer_jax.decoding.tuning.records import DecodeRecords
@@ -124,12 +125,17 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
         rows = mesh.shape["data"] * mesh.shape["fsdp"]
         B = -(-B // rows) * rows
     model.use_decoding_layout(B, mesh)
-    k, auto = decide_draft_len(draft_len, drafter, model, B, ids=ids, max_new_tokens=options.max_new_tokens,
-                               sampled=not options.sampling.greedy, schedule=options.schedule,
-                               progress=options.progress)
+    budgeted = default_budgeted_round(drafter, B, model.cfg.pack_weights) if (
+        draft_len is None and options.verify_budget is None) else None
+    if budgeted:  # the measured default round: k drafts a row, a budget of positions over the pool
+        (k, budget), auto = budgeted, None
+    else:
+        k, auto = decide_draft_len(draft_len, drafter, model, B, ids=ids, max_new_tokens=options.max_new_tokens,
+                                   sampled=not options.sampling.greedy, schedule=options.schedule,
+                                   progress=options.progress)
+        budget = checked_verify_budget(options.verify_budget, draft_len, k, B)
     plan = make_plan(model, k, options.sampling, options.max_new_tokens)
     source = drafters.draft_source(drafter, mesh, model.cfg, hybrid_model_len(drafter, B, model.cfg)) if k else None
-    budget = checked_verify_budget(options.verify_budget, options.draft_len, drafter, k, B, model.cfg.pack_weights)
     return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh),
                 options.chunk_rounds or defaults.CHUNK_ROUNDS, _row_keys(options.seed, len(prompts)), B, mesh, auto,
                 rate, options, budget)

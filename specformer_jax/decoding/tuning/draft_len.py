@@ -99,24 +99,31 @@ def hybrid_model_len(drafter: Drafter | None, pool_size: int, target_cfg) -> int
     return min(loaded.cfg.num_slots, defaults.for_pool(defaults.HYBRID_CPU_MODEL_DRAFTS, pool_size, alone))
 
 
-def checked_verify_budget(budget: int | None, draft_len_asked, drafter: Drafter | None, k: int, pool_size: int,
-                          packed: bool) -> int:
+def checked_verify_budget(budget: int | None, draft_len_asked, k: int, pool_size: int) -> int:
     """Positions a speculative round verifies over a pool of `pool_size` rows (engine/budget.py), 0 for every
-    row's k drafts: the call's budget (at least the pool's rows); by default the measured one where the draft
-    length is the default too (`default_verify_budget`), else 0, so that a draft length given is verified whole."""
-    if not k:
+    row's k drafts: the call's budget (at least the pool's rows), else 0: a draft length is verified whole unless
+    a budget is asked for (the default draft length with the default budget is `default_budgeted_round`'s)."""
+    if not k or budget is None:
         return 0
-    if budget is None:
-        return default_verify_budget(drafter, pool_size, packed) if draft_len_asked is None else 0
     if budget and budget < pool_size:
         raise SpecformerError(f"verify_budget must be 0 or at least the batch size, {pool_size}, got {budget}")
     return budget
 
 
-def default_verify_budget(drafter: Drafter, pool_size: int, packed: bool) -> int:
-    """The measured budget for a pool of `pool_size` rows (defaults.CPU_VERIFY_BUDGETS, on a CPU with its kernels
-    and a kind it lists), else 0: every row verifies its k drafts."""
-    table = defaults.CPU_VERIFY_BUDGETS.get(kind_name(drafter)) if packed else None
-    if jax.default_backend() != "cpu" or table is None:
-        return 0
-    return defaults.for_pool(table, pool_size)
+def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool) -> tuple[int, int] | None:
+    """(drafts per row, positions per round) where the measured defaults verify a budget for a pool of `pool_size`
+    rows (defaults.CPU_VERIFY_BUDGETS: a CPU with its kernels and a kind it lists), else None: the default draft
+    length, verified whole (`default_draft_len`)."""
+    if drafter is None or not packed or jax.default_backend() != "cpu":
+        return None
+    table = defaults.CPU_VERIFY_BUDGETS.get(kind_name(drafter), {})
+    k, budget = defaults.for_pool(table, pool_size, (0, 0))
+    return (min(k, max_draft_len(drafter)), budget) if k else None
+
+
+def budget_at(budget: str | int | None, batch_size: int) -> int | None:
+    """A verify budget as the CLI takes it, for this batch size: "+N" is the batch size plus N, a number itself,
+    None the default."""
+    if isinstance(budget, str):
+        return batch_size + int(budget[1:])
+    return budget
