@@ -9,9 +9,10 @@
 //              the panels of its transpose).
 //   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] with per-row lengths,
 //              causal with an offset or bidirectional, with an optional sliding window; query row b reads cache
-//              row rows[b] (a pool's first rows, or the flat layout of a verify pass: consecutive query rows of one
-//              cache row form a run whose keys are read once). It reads each row's valid keys and values once, where XLA's version
-//              copies the layer out of the stack, masks the whole cache and computes over all S positions.
+//              row rows[b] (a pool's first rows, or the flat layout of a verify pass: consecutive query rows of
+//              one cache row form a run whose keys are read once). It reads each row's valid keys and values
+//              once, where XLA's version copies the layer out of the stack, masks the whole cache and computes
+//              over all S positions.
 //
 // A matmul output element is summed over k in the same order whatever M is, so a row gets bitwise the same product
 // in a one-token step and in a (k + 1)-token verify pass. Work is split over XLA's intra-op thread pool; the calling

@@ -9,6 +9,8 @@ import pytest
 
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.drafts.hybrid import Hybrid
+from specformer_jax.decoding.drafts.ngram import NgramDrafts
 from specformer_jax.decoding.engine.budget import chosen_lengths, draft_values, flat_layout
 from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.errors import SpecformerError
@@ -73,6 +75,22 @@ def test_greedy_output_with_a_verify_budget_is_plain_output_for_every_row(tiny, 
             assert stats["rounds_without_drafts"] > 0.5 if batch > 1 else stats["rounds_without_drafts"] == 1
         if budget >= 4 * batch:
             assert stats["verified_positions_per_round"] == 4 and stats["rounds_without_drafts"] == 0
+
+
+@pytest.mark.parametrize("source", ["ngram", "hybrid"])
+def test_n_gram_rows_compete_in_the_same_budget_and_stay_lossless(tiny, source):
+    """Rows whose drafts are looked up rank by the n-gram prior, the drafter's by their probabilities, in one
+    budget; prompts that repeat themselves give the lookup matches."""
+    model, drafter = tiny
+    prompts = [p * 3 for p in GREEDY_PROMPTS]
+    plain = generate(model, prompts, max_new_tokens=16, batch_size=3, chat=False).token_ids
+    drafts = NgramDrafts() if source == "ngram" else Hybrid(drafter, min_match=1)
+    out = generate(model, prompts, max_new_tokens=16, batch_size=3, chat=False, drafter=drafts, draft_len=4,
+                   verify_budget=6)
+    assert out.token_ids == plain
+    assert 1 < out.stats["verified_positions_per_round"] < 5
+    if source == "hybrid":
+        assert all(by["rounds"] > 0 for by in out.stats["by_source"].values())
 
 
 def test_a_budget_below_the_batch_size_is_refused(tiny):

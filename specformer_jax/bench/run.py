@@ -27,7 +27,7 @@ from specformer_jax.bench.roofline import kv_bytes_per_token, measure_device, mo
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import Drafter, kind_name, specformer_part
 from specformer_jax.decoding.encode import Prompt, encode_prompts
-from specformer_jax.decoding.tuning.draft_len import budget_at, checked_draft_len
+from specformer_jax.decoding.tuning.draft_len import checked_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen
 from specformer_jax.errors import SpecformerError
@@ -56,7 +56,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
     weights) decodes synthetic token-id prompts in place of text ones (`synthetic_prompts`). `log`: a line per row
     on stderr, and one before the first saying what will run (the drafter called `drafter_name`, default its kind).
     A batch size whose KV cache cannot fit in the free memory is refused before anything runs. verify_budget: the
-    speculative side's positions per round (as `generate`'s), or "+N": the batch size plus N."""
+    speculative side's positions per round, or "+N": the batch size plus N (as `generate`'s)."""
     prompts = synthetic_prompts(model, prompts)
     draft_len = checked_draft_len(drafter, draft_len, records)  # checked before the first (plain) pass, not after it
     ids, requests = encode_prompts(model, prompts), {bs: num_requests or max(bs, len(prompts)) for bs in batch_sizes}
@@ -95,8 +95,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
         stream = [prompts[i % len(prompts)] for i in range(requests[bs])]
         for rate in set_acceptance or [None]:
-            spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate,
-                           verify_budget=budget_at(verify_budget, bs))
+            spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate, verify_budget=verify_budget)
             row = _batch_size_row(model, drafter, stream, repeats, engine, spec_kw, schedules)
             doc["results"].append(row)
             if log:

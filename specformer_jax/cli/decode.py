@@ -78,7 +78,6 @@ def run_generate(args) -> int:
     from specformer_jax.decoding.api import generate
     from specformer_jax.decoding.encode import read_prompts_file
     from specformer_jax.decoding.names import implied_drafter, read_drafter
-    from specformer_jax.decoding.tuning.draft_len import budget_at
 
     prompts = list(args.prompt) + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not prompts:
@@ -97,7 +96,7 @@ def run_generate(args) -> int:
                    top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, chat=not args.no_chat,
                    max_cache_len=args.max_cache_len, drafter=drafter, draft_len=args.draft_len, mesh=a.mesh(args),
                    records=a.records(), schedule=args.schedule, chunk_rounds=args.chunk_rounds,
-                   verify_budget=budget_at(args.verify_budget, args.batch_size))
+                   verify_budget=args.verify_budget)
     streamed = len(prompts) == 1 and not args.json and sys.stdout.isatty() and model.tokenizer is not None
     result = _streamed(model, prompts[0], options) if streamed else generate(model, prompts, progress=True, **options)
     result.stats["load_seconds"] = load_s

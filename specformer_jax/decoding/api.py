@@ -133,7 +133,7 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
         k, auto = decide_draft_len(draft_len, drafter, model, B, ids=ids, max_new_tokens=options.max_new_tokens,
                                    sampled=not options.sampling.greedy, schedule=options.schedule,
                                    progress=options.progress)
-        budget = checked_verify_budget(options.verify_budget, draft_len, k, B)
+        budget = checked_verify_budget(options.verify_budget, k, B)
     plan = make_plan(model, k, options.sampling, options.max_new_tokens)
     source = drafters.draft_source(drafter, mesh, model.cfg, hybrid_model_len(drafter, B, model.cfg)) if k else None
     return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh),
@@ -162,7 +162,8 @@ def _decode(job: _Job, stream: bool):
     if job.set_acceptance is not None:
         stats.update(set_acceptance=job.set_acceptance,
                      law_accepted_length=law_accepted_length(job.set_acceptance, plan.draft_len))
-    elif records is not None and plan.speculative and isinstance(job.drafter, LoadedDrafter):
+    elif records is not None and plan.speculative and isinstance(job.drafter, LoadedDrafter) and not job.verify_budget:
+        # a budget leaves drafts unverified: the per-slot acceptance auto learns from would read them as rejected
         _record(records, model, job.drafter, plan.sampling, job.pool_size, plan.draft_len, run, stats)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) if model.tokenizer is not None else None
              for t in run.token_ids]

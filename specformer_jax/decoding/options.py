@@ -50,9 +50,9 @@ class DecodeOptions:
     as usual, but each draft is accepted with this probability when the ones before it were, instead of when the
     target agrees: the text is meaningless, the cost is that of a drafter with this acceptance (set_acceptance.py).
     Such a call records nothing. `verify_budget`: positions a speculative round verifies over the whole pool, at
-    least batch_size: every live row's last token, then the drafts most likely to be accepted across rows
-    (docs/decoding.md, "The verify budget"); 0: every row verifies all its drafts; None: the measured default with
-    the default draft length, 0 with a draft length given.
+    least the pool's rows (an int, or "+N": the pool's rows plus N): every live row's last token, then the drafts
+    most likely to be accepted across rows (docs/decoding.md, "The verify budget"); 0: every row verifies all its
+    drafts; None: the measured default with the default draft length, 0 with a draft length given.
     """
 
     max_new_tokens: int = 128
@@ -71,7 +71,7 @@ class DecodeOptions:
     mesh: Any = None  # a jax.sharding.Mesh, its spec, or None
     records: DecodeRecords | None = None
     set_acceptance: float | None = None
-    verify_budget: int | None = None
+    verify_budget: int | str | None = None  # positions, or "+N": the batch size plus N
 
     def __post_init__(self):
         checked = {"max_new_tokens": POSITIVE_INT.check("max_new_tokens", self.max_new_tokens),
@@ -93,14 +93,20 @@ class DecodeOptions:
         if self.set_acceptance is not None:
             checked["set_acceptance"] = FRACTION.check("set_acceptance", self.set_acceptance)
         if self.verify_budget is not None:
-            checked["verify_budget"] = integer(0, 1 << 16, "an integer >= 0").check("verify_budget",
-                                                                                   self.verify_budget)
+            checked["verify_budget"] = checked_budget(self.verify_budget)
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+def checked_budget(budget) -> int | str:
+    """A verify budget as a call gives it: an int >= 0, or "+N" (the pool's rows plus N)."""
+    if isinstance(budget, str) and budget.startswith("+") and budget[1:].isdigit():
+        return budget
+    return integer(0, 1 << 16, 'an integer >= 0 or "+N"').check("verify_budget", budget)
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(DecodeOptions))

@@ -79,12 +79,12 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
     return n, final.astype(jnp.int32)
 
 
-def draft_confidence(drafts, q, sampling: SamplingConfig) -> jax.Array:
-    """float32[B, k]: the drafter's probability of each of its drafts (`choose_drafts`' q: greedy, the top
-    probability it keeps; sampling, the distribution the draft was drawn from)."""
-    if sampling.greedy:
-        return q[..., 0]
-    return jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+def draft_confidence(q) -> jax.Array:
+    """float32[B, k]: how likely each slot's draft is, from the drafter's distribution alone: its top probability
+    (`choose_drafts`' q: greedy, that probability; sampling, the distribution drafts are drawn from). Never the
+    probability of the draft drawn: a cut that depended on the draws would bias which drafts are verified, and
+    sampled output would leave the target's distribution."""
+    return jnp.max(q, axis=-1)
 
 
 @struct.dataclass

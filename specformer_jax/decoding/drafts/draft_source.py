@@ -86,8 +86,8 @@ class SpecformerDrafts:
         return None
 
     def confidence(self, plan: DecodePlan, drafts, q, state: KVCache):
-        """The drafter's probability of each draft (`draft_confidence`)."""
-        return draft_confidence(drafts, q, plan.sampling)
+        """The drafter's top probability at each slot (`draft_confidence`)."""
+        return draft_confidence(q)
 
     def advance(self, plan: DecodePlan, state: KVCache, num_new, next_tokens) -> KVCache:
         """Only the lengths move: the context layer's cost is saved, and the positions it skips keep what they held

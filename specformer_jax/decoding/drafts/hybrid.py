@@ -93,8 +93,10 @@ class HybridDrafts:
         return state.origin
 
     def confidence(self, plan: DecodePlan, drafts, q, state: HybridState):
-        """The drafter's probabilities on its rows, the n-gram prior on the others."""
+        """The drafter's top probabilities on its rows (the n-gram prior past its trained slots, where its rows'
+        drafts are looked up too), the n-gram prior on the other rows."""
         own = self.model.confidence(plan, drafts, q, state.drafter)
+        own = jnp.where(jnp.arange(drafts.shape[1]) < self.model.cfg.num_slots, own, NGRAM_DRAFT_CONFIDENCE)
         return jnp.where(state.origin[:, None] == 1, NGRAM_DRAFT_CONFIDENCE, own)
 
     def advance(self, plan: DecodePlan, state: HybridState, num_new, next_tokens) -> HybridState:

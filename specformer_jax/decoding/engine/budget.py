@@ -2,13 +2,15 @@
 
 Every live row gets its last token x (a plain step for that row at least); the rest of the budget goes to the most
 valuable drafts across all rows, where the value of draft i of a row is the chance that it and every draft before it
-are accepted: the product of the drafts' confidences (the draft source's, `confidence`). Values fall along a row, so
+are accepted: the product of the drafts' confidences (the draft source's, `confidence`: from the drafter's
+distributions, never from the tokens drawn from them). Values fall along a row, so
 the chosen drafts of a row are always its first m. The chosen positions are laid out flat, a row's on consecutive
 entries ([x, d_1..d_m]), and the target runs over that list (`Target.forward_flat`): a draft not chosen costs
 nothing. The budget is static (one compilation per size); entries left over are padding placed past the caches.
 
-Verifying the first m of a row's drafts is the round with m drafts: the choice of m depends on the drafts alone, not
-on the target, so greedy output stays plain greedy output and sampled output keeps the target's distribution.
+Verifying the first m of a row's drafts is the round with m drafts: the choice of m depends on the drafter's
+distributions alone, not on the target nor on the draws, so greedy output stays plain greedy output and sampled
+output keeps the target's distribution.
 """
 
 from __future__ import annotations
@@ -47,13 +49,15 @@ def flat_layout(live: jax.Array, lengths: jax.Array, k: int, budget: int):
     index = jnp.where(j < size[:, None], first[:, None] + j, budget)
     put = lambda values, fill: jnp.full((budget,), fill, values.dtype).at[index].set(values, mode="drop")
     rows = put(jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[:, None], index.shape), 0)
-    return index, rows, put(jnp.broadcast_to(j, index.shape).astype(jnp.int32), 0), put(jnp.ones_like(index, bool),
-                                                                                        False)
+    at = put(jnp.broadcast_to(j, index.shape).astype(jnp.int32), 0)
+    valid = put(jnp.ones_like(index, bool), False)
+    return index, rows, at, valid
 
 
 def gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
     """A flat list's entries [budget, ...] back in the padded layout [P, k + 1, ...] (`flat_layout`'s index);
-    positions without an entry get the last entry (garbage, never read)."""
+    positions without an entry get the last entry, which masks keep from ever affecting a result (a row's drafts
+    past its cut are not accepted; the drafter keeps only its accepted positions)."""
     return x[jnp.minimum(index, x.shape[0] - 1)]
 
 

@@ -99,15 +99,17 @@ def hybrid_model_len(drafter: Drafter | None, pool_size: int, target_cfg) -> int
     return min(loaded.cfg.num_slots, defaults.for_pool(defaults.HYBRID_CPU_MODEL_DRAFTS, pool_size, alone))
 
 
-def checked_verify_budget(budget: int | None, draft_len_asked, k: int, pool_size: int) -> int:
-    """Positions a speculative round verifies over a pool of `pool_size` rows (engine/budget.py), 0 for every
-    row's k drafts: the call's budget (at least the pool's rows), else 0: a draft length is verified whole unless
-    a budget is asked for (the default draft length with the default budget is `default_budgeted_round`'s)."""
-    if not k or budget is None:
+def checked_verify_budget(budget: int | str | None, k: int, pool_size: int) -> int:
+    """Positions a speculative round with k drafts a row verifies over a pool of `pool_size` rows
+    (engine/budget.py), 0 for every row's k drafts: the call's budget ("+N": the pool's rows plus N; at least the
+    pool's rows, at most all its positions), else 0: a draft length is verified whole unless a budget is asked for
+    (the default draft length's default budget is `default_budgeted_round`'s)."""
+    budget = budget_at(budget, pool_size)
+    if not k or not budget:
         return 0
-    if budget and budget < pool_size:
+    if budget < pool_size:
         raise SpecformerError(f"verify_budget must be 0 or at least the batch size, {pool_size}, got {budget}")
-    return budget
+    return min(budget, pool_size * (k + 1))
 
 
 def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool) -> tuple[int, int] | None:
@@ -122,8 +124,8 @@ def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool
 
 
 def budget_at(budget: str | int | None, batch_size: int) -> int | None:
-    """A verify budget as the CLI takes it, for this batch size: "+N" is the batch size plus N, a number itself,
-    None the default."""
+    """A verify budget for this batch size (the pool's rows): "+N" is the batch size plus N, a number itself, None
+    the default."""
     if isinstance(budget, str):
         return batch_size + int(budget[1:])
     return budget
