@@ -41,11 +41,17 @@ def test_cli_writes_the_json_and_the_table(tmp_path):
     out, table = tmp_path / "profile.json", tmp_path / "profile.md"
     assert main(["profile-round", "--model", "random:tiny", "--dtype", "float32", "--batch-sizes", "1",
                  "--draft-lens", "2", "--context", "16", "--chunk-rounds", "2", "--repeats", "1", "--out", str(out),
-                 "--table", str(table)]) == 0
+                 "--table", str(table), "--budgets", "0,2"]) == 0
     doc = json.loads(out.read_text())
     assert doc["command"].startswith("specformer profile-round") and doc["drafter"] == "random" and doc["complete"]
     assert [r["draft_len"] for r in doc["results"]] == [0, 2]
-    assert "| **sum of parts** |" in table.read_text()
+    assert [(r["budget"], r["draft_len"]) for r in doc["budget_results"]] == [(1, 2), (3, 2)]  # batch 1 + 0, + 2
+    step = doc["results"][0]["whole_seconds"]
+    for r in doc["budget_results"]:
+        assert r["whole_seconds"] > 0 and r["in_plain_steps"] == pytest.approx(r["whole_seconds"] / step)
+        assert 0 < r["flat_target_seconds"] and r["flat_target_in_plain_steps"] > 0
+    text = table.read_text()
+    assert "| **sum of parts** |" in text and "| positions per round | round (chunk / R) | flat verify pass |" in text
 
 
 @pytest.mark.parametrize("args,message", [

@@ -84,14 +84,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
         seconds = _interleaved(items, {key: chunk_rounds for key in items if key[1] != "whole"}, repeats)
         seconds.update({(k, "whole"): seconds[k, "whole"] / chunk_rounds for k in timers})  # a chunk: R rounds
         step = seconds[0, "whole"]
-        for e in budgets:
-            whole, flat = seconds[("budget", B + e), "whole"], seconds[("budget", B + e), "flat_target"]
-            doc["budget_results"].append({"batch_size": B, "draft_len": k_max, "budget": B + e,
-                                          "whole_seconds": whole, "in_plain_steps": whole / step,
-                                          "flat_target_seconds": flat, "flat_target_in_plain_steps": flat / step})
-            if log:
-                print(f"specformer profile-round: batch {B}, k = {k_max}, budget {B + e}: {whole * 1e3:.1f} ms a "
-                      f"round, {whole / step:.2f} plain steps (flat pass {flat * 1e3:.1f} ms)", file=sys.stderr)
+        doc["budget_results"] += _budget_rows(B, k_max, [B + e for e in budgets], seconds, step, log)
         timers = {k: t for k, t in timers.items() if not isinstance(k, tuple)}
         for k, t in timers.items():
             parts = {name: seconds[k, name] for name in t.items if name != "whole"}
@@ -108,6 +101,20 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
         if on_progress:
             on_progress(doc)
     return doc
+
+
+def _budget_rows(B: int, k: int, budgets: list[int], seconds: dict, step: float, log: bool) -> list[dict]:
+    """The rows of the rounds with a budget at batch B (their timings in `seconds`, a plain step `step`)."""
+    rows = []
+    for budget in budgets:
+        whole, flat = seconds[("budget", budget), "whole"], seconds[("budget", budget), "flat_target"]
+        rows.append({"batch_size": B, "draft_len": k, "budget": budget, "whole_seconds": whole,
+                     "in_plain_steps": whole / step, "flat_target_seconds": flat,
+                     "flat_target_in_plain_steps": flat / step})
+        if log:
+            print(f"specformer profile-round: batch {B}, k = {k}, budget {budget}: {whole * 1e3:.1f} ms a round, "
+                  f"{whole / step:.2f} plain steps (flat pass {flat * 1e3:.1f} ms)", file=sys.stderr)
+    return rows
 
 
 def _check_positions(model: LoadedTarget, context: int, chunk_rounds: int, k: int) -> None:
