@@ -79,22 +79,16 @@ def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=Non
     caches k, v [L, B', Hkv, S, D] (query row b attends to cache row rows[b], default b), which the kernel reads in
     place (`on_kernel`; float32, D a multiple of 16)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    kw = dict(causal=causal, sliding_window=sliding_window, scale=scale)
-    if rows is not None:  # the flat layout: inference only
-        kernel = lambda q, k, v, lengths, layer, rows: _ffi_attention(bool(causal), int(sliding_window or 0), scale,
-                                                                      q, k, v, lengths, layer, rows)
-        reference = lambda q, k, v, lengths, layer, rows: ragged_attention_reference(q, k[layer], v[layer], lengths,
-                                                                                     rows=rows, **kw)
-        args = (q, k, v, lengths, jnp.asarray(layer, jnp.int32), rows.astype(jnp.int32))
-        return jax.lax.stop_gradient(on_kernel(kernel, reference, *args, usable=_usable(q)))
-    kernel = lambda q, k, v, lengths, layer: _attention(bool(causal), int(sliding_window or 0), scale, q, k, v,
-                                                        lengths, layer)
-    reference = lambda q, k, v, lengths, layer: ragged_attention_reference(q, k[layer], v[layer], lengths, **kw)
-    return on_kernel(kernel, reference, q, k, v, lengths, jnp.asarray(layer, jnp.int32), usable=_usable(q))
-
-
-def _usable(q) -> bool:
-    return q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
+    flags = (bool(causal), int(sliding_window or 0), scale)
+    reference = lambda q, k, v, lengths, layer, rows=None: ragged_attention_reference(
+        q, k[layer], v[layer], lengths, causal=causal, sliding_window=sliding_window, scale=scale, rows=rows)
+    usable = q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
+    args = (q, k, v, lengths, jnp.asarray(layer, jnp.int32))
+    if rows is None:
+        return on_kernel(lambda *a: _attention(*flags, *a), reference, *args, usable=usable)
+    # the flat layout: inference only, the kernel without the custom VJP
+    out = on_kernel(lambda *a: _ffi_attention(*flags, *a), reference, *args, rows.astype(jnp.int32), usable=usable)
+    return jax.lax.stop_gradient(out)
 
 
 def on_kernel(kernel, reference, *args, usable: bool = True):

@@ -81,3 +81,10 @@ POSITIVE = number(0, above=True)
 NON_NEGATIVE = number(0)
 FRACTION = number(0, 1)  # [0, 1]
 PROBABILITY = number(0, 1, above=True)  # (0, 1]
+
+
+def checked_budget(budget) -> int | str:
+    """A verify budget as a call gives it: an int >= 0, or "+N" (the pool's rows plus N)."""
+    if isinstance(budget, str) and budget.startswith("+") and budget[1:].isdigit():
+        return budget
+    return integer(0, 1 << 16, 'an integer >= 0 or "+N"').check("verify_budget", budget)

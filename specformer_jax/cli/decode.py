@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from specformer_jax import defaults
-from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, SEED
+from specformer_jax.checks import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, SEED, checked_budget
 from specformer_jax.cli import args as a
 from specformer_jax.errors import SpecformerError
 
@@ -56,11 +56,12 @@ VERIFY_BUDGET_HELP = ("positions a speculative round verifies over the whole poo
 
 
 def verify_budget(text: str) -> int | str:
-    """--verify-budget (here and in `bench`): N positions, or +N (the batch size plus N)."""
-    body = text[1:] if text.startswith("+") else text
-    if not body.isdigit():
-        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}")
-    return text if text.startswith("+") else int(text)
+    """--verify-budget (here and in `bench`): N positions, or +N (the batch size plus N), as `checked_budget`
+    takes them."""
+    try:
+        return checked_budget(text if text.startswith("+") else NON_NEGATIVE_INT.parse(text))
+    except SpecformerError:
+        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}") from None
 
 
 def draft_len(text: str) -> int | str:

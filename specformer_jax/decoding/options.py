@@ -10,7 +10,7 @@ import inspect
 from typing import Any
 
 from specformer_jax import defaults
-from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED, Kind, integer
+from specformer_jax.checks import FRACTION, POSITIVE_INT, SEED, Kind, checked_budget, integer
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.engine.scheduler import SCHEDULES
 from specformer_jax.decoding.tuning.records import DecodeRecords
@@ -100,13 +100,6 @@ class DecodeOptions:
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-
-def checked_budget(budget) -> int | str:
-    """A verify budget as a call gives it: an int >= 0, or "+N" (the pool's rows plus N)."""
-    if isinstance(budget, str) and budget.startswith("+") and budget[1:].isdigit():
-        return budget
-    return integer(0, 1 << 16, 'an integer >= 0 or "+N"').check("verify_budget", budget)
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(DecodeOptions))

@@ -141,18 +141,12 @@ class Target(nn.Module):
 
     def forward(self, tokens: jax.Array, cache: KVCache, num_new: jax.Array | None = None):
         """(final-normed states [B, T, d], cache, hidden): `__call__` without the LM head."""
-        cfg = self.cfg
         B, T = tokens.shape
         h = self.embed(tokens)
         start = cache.lengths
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
         kv_len = start + T  # every written slot; padded queries only ever see padded keys (causal)
-        run = self._unrolled if cfg.unroll_layers else self._scanned
-        with jax.named_scope("layers"):
-            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len, None)
-        h_final = self.final_norm(h_last)
-        states = {0: h, cfg.num_layers: h_final, **hooked}
-        hidden = {i: states[i] for i in self._hooks}
+        h_final, k_all, v_all, hidden = self._layers(h, cache, positions, start, kv_len, None)
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return h_final, KVCache(k_all, v_all, cache.lengths + added), hidden
 
@@ -163,15 +157,21 @@ class Target(nn.Module):
         its keys are dropped and it attends to nothing. Returns (final-normed states [T, d], the cache with the
         positions written and its lengths unchanged, {hook: [T, d]}): a position costs its row of every matmul and
         its row's cache, whatever the other rows verify."""
-        cfg = self.cfg
-        h = self.embed(tokens[:, None])
         kv_len = jnp.where(positions < cache.max_len, positions + 1, 0)
-        run = self._unrolled if cfg.unroll_layers else self._scanned
+        h_final, k_all, v_all, hidden = self._layers(self.embed(tokens[:, None]), cache, positions[:, None],
+                                                     positions, kv_len, rows)
+        return h_final[:, 0], cache.replace(k=k_all, v=v_all), {i: x[:, 0] for i, x in hidden.items()}
+
+    def _layers(self, h, cache: KVCache, positions, start, kv_len, rows):
+        """The embedded tokens h through every layer and the final norm: (final-normed states, the caches' keys and
+        values with the new ones written, {hook: state}); `forward` and `forward_flat` differ only in what they
+        give it."""
+        run = self._unrolled if self.cfg.unroll_layers else self._scanned
         with jax.named_scope("layers"):
-            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions[:, None], positions, kv_len, rows)
+            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len, rows)
         h_final = self.final_norm(h_last)
-        states = {0: h, cfg.num_layers: h_final, **hooked}
-        return h_final[:, 0], cache.replace(k=k_all, v=v_all), {i: states[i][:, 0] for i in self._hooks}
+        states = {0: h, self.cfg.num_layers: h_final, **hooked}
+        return h_final, k_all, v_all, {i: states[i] for i in self._hooks}
 
     def _scanned(self, h, k_all, v_all, *args):
         """All layers under one scan; the inner hooks' states are picked up as they pass. Returns (h, k_all, v_all,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig, select_tokens
-from specformer_jax.decoding.acceptance.speculative import leading
+from specformer_jax.decoding.acceptance.speculative import leading, verified_slots
 
 
 @struct.dataclass
@@ -25,7 +25,7 @@ class SetAcceptance:
     def __call__(self, logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
         k = drafts.shape[1]
         u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(keys[:, 0])
-        n = leading((u < self.rate) & (jnp.arange(k)[None, :] < (k if limit is None else limit[:, None])))
+        n = leading((u < self.rate) & verified_slots(k, limit))
         at_n = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]  # [B, V]
         return n, select_tokens(at_n, keys[:, 1], sampling)
 

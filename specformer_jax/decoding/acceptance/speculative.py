@@ -29,6 +29,18 @@ def leading(ok: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
 
 
+def verified_slots(k: int, limit=None) -> jax.Array:
+    """bool[B, k] (or [1, k]): the draft slots a round verifies, each row's first limit[b] (None: all k)."""
+    return jnp.arange(k)[None, :] < (k if limit is None else limit[:, None])
+
+
+def greedy_verdict(verified: jax.Array, drafts: jax.Array, limit=None):
+    """(n, final) of greedy verification from the target's tokens [B, k + 1] at [x, d_1..d_k]: the leading drafts
+    (of each row's first limit[b]) equal to them, and the target's token after the last one accepted."""
+    n = leading((drafts == verified[:, :-1]) & verified_slots(drafts.shape[1], limit))
+    return n, jnp.take_along_axis(verified, n[:, None], axis=1)[:, 0]
+
+
 def choose_drafts(logits, keys, sampling: SamplingConfig, vocab=None, vocab_size: int = 0):
     """Drafts from draft logits [B, k, V'], and the distribution they were drawn from (what verification needs;
     greedy: [B, k, 1], the top probability).
@@ -58,17 +70,14 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
     verified (a round with a budget, engine/budget.py): after limit[b] acceptances the bonus is drawn from p there.
     """
     B, k = drafts.shape
-    within = jnp.arange(k)[None, :] < (k if limit is None else limit[:, None])
     if sampling.greedy:
-        verified = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, k + 1]
-        n = leading((drafts == verified[:, :k]) & within)
-        return n, jnp.take_along_axis(verified, n[:, None], axis=1)[:, 0]
+        return greedy_verdict(jnp.argmax(logits, axis=-1).astype(jnp.int32), drafts, limit)
     k_accept, k_resample = keys[:, 0], keys[:, 1]
     p = jax.nn.softmax(process_logits(logits, sampling), axis=-1)  # [B, k + 1, V]
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
     u = jax.vmap(lambda key: jax.random.uniform(key, (k,)))(k_accept)
-    n = leading((u * q_d < p_d) & within)
+    n = leading((u * q_d < p_d) & verified_slots(k, limit))
     p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [B, V]
     q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q = 0 after the last slot: residual = p (bonus)
     q_n = jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0]

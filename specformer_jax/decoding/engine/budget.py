@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specformer_jax.decoding.acceptance.speculative import Verify, leading
+from specformer_jax.decoding.acceptance.speculative import Verify, greedy_verdict
 
 
 def draft_values(confidence: jax.Array, live: jax.Array) -> jax.Array:
@@ -66,8 +66,5 @@ def verify_flat(accept, logits: jax.Array, index: jax.Array, drafts, q, keys, sa
     verification picks the target's tokens on the flat list and gathers those alone; other rules (sampling, a
     measurement's) are given the logits in the padded layout."""
     if sampling.greedy and isinstance(accept, Verify):
-        verified = gather_rows(jnp.argmax(logits, axis=-1).astype(jnp.int32), index)  # [P, w + 1]
-        within = jnp.arange(drafts.shape[1])[None, :] < chosen[:, None]
-        n = leading((drafts == verified[:, :-1]) & within)
-        return n, jnp.take_along_axis(verified, n[:, None], axis=1)[:, 0]
+        return greedy_verdict(gather_rows(jnp.argmax(logits, axis=-1).astype(jnp.int32), index), drafts, chosen)
     return accept(gather_rows(logits, index), drafts, q, keys, sampling, chosen)
