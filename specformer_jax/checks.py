@@ -84,7 +84,8 @@ PROBABILITY = number(0, 1, above=True)  # (0, 1]
 
 
 def checked_budget(budget) -> int | str:
-    """A verify budget as a call gives it: an int >= 0, or "+N" (the pool's rows plus N)."""
-    if isinstance(budget, str) and budget.startswith("+") and budget[1:].isdigit():
+    """A verify budget as a call gives it: an int >= 0, "+N" (the pool's rows plus N) or "auto" (sizes measured on
+    this device)."""
+    if isinstance(budget, str) and (budget == "auto" or budget.startswith("+") and budget[1:].isdigit()):
         return budget
-    return integer(0, 1 << 16, 'an integer >= 0 or "+N"').check("verify_budget", budget)
+    return integer(0, 1 << 16, 'an integer >= 0, "+N" or "auto"').check("verify_budget", budget)

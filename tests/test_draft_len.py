@@ -120,7 +120,7 @@ def test_each_cost_is_the_median_of_repeats_taken_in_turn(model, monkeypatch):
     order = []
     slow = {(1, 2)}  # (repeat, k): the run that a busy moment slowed down tenfold
 
-    def fake_run(plan, model, drafter, prompts, budget=None):
+    def fake_run(plan, verify_budget, model, drafter, prompts, budget=None):
         if budget == 2:  # compiling
             return None
         k, repeat = plan.draft_len, sum(1 for o in order if o == plan.draft_len) // 2

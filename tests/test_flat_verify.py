@@ -11,8 +11,10 @@ from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.hybrid import Hybrid
 from specformer_jax.decoding.drafts.ngram import NgramDrafts
-from specformer_jax.decoding.engine.budget import chosen_lengths, draft_values, flat_layout
+from specformer_jax.decoding.engine.budget import best_size, chosen_lengths, draft_values, flat_layout
 from specformer_jax.decoding.names import resolve_drafter
+from specformer_jax.decoding.tuning import tuner
+from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.kv_cache import target_cache
 from specformer_jax.modeling.target import Target
@@ -123,9 +125,43 @@ def test_the_budget_goes_to_the_most_valuable_drafts_and_each_row_keeps_a_prefix
         assert int(jnp.sum(index < budget)) == len(entries)
 
 
+def test_each_round_takes_the_size_with_the_most_expected_tokens_per_cost():
+    """Expected tokens of a size: one per live row plus the values of the drafts that fit; the round takes the size
+    with the most per unit of cost."""
+    values = draft_values(jnp.asarray([[0.9, 0.8], [0.5, 0.5], [0.1, 0.1]]), jnp.asarray([True, True, False]))
+    live = jnp.asarray([True, True, False])  # values: 0.9, 0.72 | 0.5, 0.25; tokens at 2, 3, 4, 6: 2, 2.9, 3.62, 4.37
+    assert int(best_size(values, live, ((2, 1.0), (3, 1.2), (4, 1.3), (6, 2.0)))) == 2  # 2.0, 2.42, 2.78, 2.19
+    assert int(best_size(values, live, ((2, 1.0), (3, 1.2), (4, 1.9), (6, 2.0)))) == 1  # 2.0, 2.42, 1.91, 2.19
+    assert int(best_size(values, live, ((2, 1.0), (3, 1.5), (4, 1.9), (6, 2.2)))) == 0  # 2.0, 1.93, 1.91, 1.99
+
+
+def test_greedy_output_choosing_the_size_each_round_is_plain_output(tiny, monkeypatch):
+    """--verify-budget auto: sizes measured once per setup (here a stand-in for the timing, with costs that make
+    rounds choose differently as the drafts' values move) and read from the records after; every row equals plain
+    greedy decoding."""
+    model, drafter = tiny
+    measured = []
+
+    def measure(model, drafter, batch, cache_len, k, budgets, progress=False):
+        measured.append(budgets)
+        return {"step_seconds": 2.0, "budget_seconds": {b: 2.0 * (1 + 0.05 * (b - batch) ** 1.5) for b in budgets}}
+
+    monkeypatch.setattr(tuner, "measure_budget_costs", measure)
+    plain = generate(model, GREEDY_PROMPTS, max_new_tokens=16, batch_size=3, chat=False).token_ids
+    records = DecodeRecords()
+    for _ in range(2):
+        out = generate(model, GREEDY_PROMPTS, max_new_tokens=16, batch_size=3, chat=False, drafter=drafter,
+                       draft_len=3, verify_budget="auto", records=records)
+        assert out.token_ids == plain
+    assert measured == [[3, 5, 6, 9, 12]]
+    sizes = out.stats["verify_budget"]["sizes"]
+    assert [b for b, _ in sizes] == [3, 5, 6, 9, 12] and sizes[0][1] == 1.0
+    assert 1 < out.stats["verified_positions_per_round"] < 4
+
+
 @pytest.mark.parametrize("argv, says", [
-    (["generate", "--verify-budget", "x4"], "expected N or +N (a whole number of positions), got 'x4'"),
-    (["bench", "--verify-budget", "+-1", "--out", "/tmp/never.json"], "expected N or +N"),
+    (["generate", "--verify-budget", "x4"], "expected N, +N (a whole number of positions) or auto, got 'x4'"),
+    (["bench", "--verify-budget", "+-1", "--out", "/tmp/never.json"], "expected N, +N"),
 ])
 def test_a_bad_verify_budget_is_one_line(cli_error, argv, says):
     assert says in cli_error(argv[:1] + ["--model", "random:tiny"] + argv[1:])

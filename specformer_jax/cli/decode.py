@@ -50,18 +50,20 @@ def add_parsers(sub) -> None:
 
 
 VERIFY_BUDGET_HELP = ("positions a speculative round verifies over the whole pool, N or +N (the batch size plus N): "
-                      "every live row's last token, then the drafts most likely to be accepted across rows; 0: "
-                      "every row all its drafts; default: the measured budget with the default draft length, 0 with "
-                      "--draft-len K")
+                      "every live row's last token, then the drafts most likely to be accepted across rows; auto: "
+                      "each round the size that pays best, from a few whose costs are measured on this device once; "
+                      "0: every row all its drafts; default: the measured budget with the default draft length, 0 "
+                      "with --draft-len K")
 
 
 def verify_budget(text: str) -> int | str:
-    """--verify-budget (here and in `bench`): N positions, or +N (the batch size plus N), as `checked_budget`
+    """--verify-budget (here and in `bench`): N positions, +N (the batch size plus N) or auto, as `checked_budget`
     takes them."""
     try:
-        return checked_budget(text if text.startswith("+") else NON_NEGATIVE_INT.parse(text))
+        return checked_budget(text if text.startswith("+") or text == "auto" else NON_NEGATIVE_INT.parse(text))
     except SpecformerError:
-        raise argparse.ArgumentTypeError(f"expected N or +N (a whole number of positions), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected N, +N (a whole number of positions) or auto, got {text!r}"
+                                         ) from None
 
 
 def draft_len(text: str) -> int | str:

@@ -33,9 +33,10 @@ from specformer_jax.decoding.tuning.draft_len import (
     decide_draft_len,
     default_budgeted_round,
     hybrid_model_len,
+    typical_cache_len,
 )
 from specformer_jax.decoding.tuning.records import DecodeRecords
-from specformer_jax.decoding.tuning.tuner import AutoDraftLen
+from specformer_jax.decoding.tuning.tuner import AutoDraftLen, measured_sizes
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, checked_target
 from specformer_jax.parallel import AXES, make_mesh, replicated
@@ -104,7 +105,7 @@ class _Job:
     auto: DraftLenChoice | None
     set_acceptance: float | None
     options: DecodeOptions
-    verify_budget: int = 0
+    verify_budget: int | tuple = 0  # positions, or sizes with their costs (engine/budget.py)
 
 
 def _prepare(model, prompts, options: DecodeOptions) -> _Job:
@@ -134,6 +135,10 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
                                    sampled=not options.sampling.greedy, schedule=options.schedule,
                                    progress=options.progress)
         budget = checked_verify_budget(options.verify_budget, k, B)
+    if budget == "auto":
+        budget = measured_sizes(model, drafters.specformer_only(drafter, "--verify-budget auto"), B,
+                                typical_cache_len(ids, options.max_new_tokens), k,
+                                options.records or DecodeRecords(), progress=options.progress)
     plan = make_plan(model, k, options.sampling, options.max_new_tokens)
     source = drafters.draft_source(drafter, mesh, model.cfg, hybrid_model_len(drafter, B, model.cfg)) if k else None
     return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh),
@@ -155,7 +160,8 @@ def _decode(job: _Job, stream: bool):
              "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype, "layout": model.layout}
     if job.drafter is not None:
         stats["draft_len"] = plan.draft_len
-        stats["verify_budget"] = job.verify_budget
+        stats["verify_budget"] = job.verify_budget if isinstance(job.verify_budget, int) else {
+            "sizes": [[b, round(c, 3)] for b, c in job.verify_budget]}  # positions, cost in plain steps
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from specformer_jax.checks import POSITIVE_INT, integer
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling import calibration
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, check_drafter_fits, checked_target
 from specformer_jax.training.data.batches import eval_batches
 from specformer_jax.training.data.dataset import check_scorable, check_token_ids
@@ -53,7 +54,14 @@ def evaluate_drafter(target: LoadedTarget, drafter: LoadedDrafter, records: list
         "expected_accepted_length": round(float(m["expected_accepted_length"]), 4),
         "decoding_accepted_length": round(float(m["decoding_accepted_length"]), 4),
         "scored_positions": int(total["positions"]),
-    } | _vocab_coverage(drafter, records, target.cfg.vocab_size)
+    } | _calibration(total) | _vocab_coverage(drafter, records, target.cfg.vocab_size)
+
+
+def _calibration(total: dict) -> dict:
+    """The drafter's confidence against acceptance, per slot given the slots before it (modeling/calibration.py):
+    the bins decoding's verify budget fits its table to, and each slot's calibration error before that fit."""
+    bins = calibration.measured(total["calib_count"], total["calib_accepted"], total["calib_confidence"])
+    return {"calibration": bins, "calibration_error_per_slot": calibration.calibration_error(bins)}
 
 
 def _vocab_coverage(drafter: LoadedDrafter, records: list[dict], vocab_size: int) -> dict:

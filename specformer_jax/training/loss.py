@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.config import DrafterConfig, TargetConfig
+from specformer_jax.modeling.calibration import BINS, confidence_bins
 from specformer_jax.modeling.drafter import (
     DrafterParams,
     apply_drafter,
@@ -63,7 +64,7 @@ def slot_states(target_cfg, drafter_cfg, drafter_params: DrafterParams, hidden, 
 
 
 def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_positions: int = 256, teacher=None,
-                    per_position: bool = False, vocab=None, reach: bool = False):
+                    per_position: bool = False, vocab=None, reach: bool = False, calibration: bool = False):
     """Sums over slots of the weighted loss, correct top-1 and the leading-accepted count, per slot.
 
     states [B, T, K, d], labels/weights [B, T, K]. `teacher` [B, T, K, d]: the target's final-normed states whose
@@ -79,6 +80,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
 
     reach: also "reached_ce_sum" [K], each position's slot loss weighted by the chance that the slots before it are
     accepted (`reach_weights`).
+
+    calibration: also the confidence bins [K, BINS] of modeling/calibration.py (`_calibration_sums`).
     """
     B, T, K, d = states.shape
     N = B * T
@@ -97,10 +100,7 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         sums, lead = jax.lax.cond(jnp.any(x[2] > 0), chunk_sums, lambda _: (zero, no_lead), x)
         return jax.tree.map(jnp.add, carry, sums), lead if per_position else None
 
-    vocab = None if vocab is None else jnp.asarray(vocab)
-    head_cfg, head_params = vocab_head(target_cfg, target_params, vocab)  # gathered once, outside the chunks
-    index = None if vocab is None else jnp.full((target_cfg.vocab_size,), -1, jnp.int32).at[vocab].set(
-        jnp.arange(vocab.shape[0], dtype=jnp.int32))  # token -> its logit, -1 outside the draft vocabulary
+    head_cfg, head_params, vocab, index = _draft_head(target_cfg, target_params, vocab)
 
     def chunk_sums(x):
         m, lab, w = x[:3]
@@ -114,6 +114,8 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
         full = jnp.all(supervised, axis=-1)
         reached = {"reached_ce_sum": jnp.sum(w * reach_weights(logits, lab, index) * ce, axis=0)} if reach else {}
+        reached |= _calibration_sums(logits, hit, full[:, None] & (lead[:, None] > jnp.arange(K) - 1)) if (
+            calibration) else {}
         return reached | {
             "ce_sum": jnp.sum(w * ce, axis=0),
             "correct": jnp.sum(hit, axis=0).astype(jnp.float32),
@@ -123,15 +125,44 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
             "positions": jnp.sum(full).astype(jnp.float32),
         }, lead
 
-    zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
-            "accepted_at_least": jnp.zeros(K), "positions": jnp.zeros(())}
-    if reach:
-        zero["reached_ce_sum"] = jnp.zeros(K)
+    zero = _zero_sums(K, reach, calibration)
     no_lead = jnp.zeros((chunk_positions,), jnp.int32)
     sums, leads = jax.lax.scan(one, zero, xs)
     if per_position:
         sums["lead"] = jnp.zeros((N,), jnp.int32).at[order].set(leads.reshape(-1)[:N]).reshape(B, T)
     return sums
+
+
+def _draft_head(target_cfg, target_params, vocab):
+    """(the head's config and parameters over the draft vocabulary, gathered once outside the chunks; the vocabulary;
+    its token -> logit map, -1 outside it), or the full head and None, None without a draft vocabulary."""
+    vocab = None if vocab is None else jnp.asarray(vocab)
+    head_cfg, head_params = vocab_head(target_cfg, target_params, vocab)
+    index = None if vocab is None else jnp.full((target_cfg.vocab_size,), -1, jnp.int32).at[vocab].set(
+        jnp.arange(vocab.shape[0], dtype=jnp.int32))
+    return head_cfg, head_params, vocab, index
+
+
+def _zero_sums(K: int, reach: bool, calibration: bool) -> dict:
+    """`chunked_slot_ce`'s sums before any chunk is added."""
+    zero = {"ce_sum": jnp.zeros(K), "correct": jnp.zeros(K), "count": jnp.zeros(K), "accepted_sum": jnp.zeros(()),
+            "accepted_at_least": jnp.zeros(K), "positions": jnp.zeros(())}
+    if reach:
+        zero["reached_ce_sum"] = jnp.zeros(K)
+    if calibration:
+        zero |= {name: jnp.zeros((K, BINS)) for name in ("calib_count", "calib_accepted", "calib_confidence")}
+    return zero
+
+
+def _calibration_sums(logits, hit, reached) -> dict:
+    """`chunked_slot_ce`'s calibration sums [K, BINS] from the slots' logits [C, K, V'], which slots were correct and
+    which were reached (their window supervised, every earlier slot correct), both [C, K]: per slot and bin of the
+    drafter's top probability, how many positions reached it ("calib_count"), how many of them were correct too
+    ("calib_accepted") and their confidences' sum ("calib_confidence")."""
+    confidence = jnp.exp(jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1))  # the top probability
+    at = jax.nn.one_hot(confidence_bins(confidence), BINS) * reached[..., None]  # [C, K, BINS]
+    return {"calib_count": jnp.sum(at, axis=0), "calib_accepted": jnp.sum(at * hit[..., None], axis=0),
+            "calib_confidence": jnp.sum(at * confidence[..., None], axis=0)}
 
 
 def _slot_loss(logits, labels, teacher_logits, vocab, index):
@@ -212,10 +243,10 @@ def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mas
                  slot_decay: float = 0.0, draft_len: int | None = None, reach: bool = False, states=None):
     """The slots' token-mean losses (`objective`: ce or kl), weighted by `slot_weights` (default: the mean), over the
     drafter's draft vocabulary when it has one. Returns (loss, sums for metrics). replay: also the sums of
-    `replay_rounds` (for evaluation: it is sequential). draft_len: score only the first k slots, as decoding with k
-    drafts uses them (default: all K). reach: each position's slot loss weighted by `reach_weights` (the metrics'
-    per-slot losses stay unweighted). states: [B, T, H, d], the target's states at the hooks `hooks_read` names, in
-    its order (a state cache's), instead of running the target."""
+    `replay_rounds` and the calibration's (for evaluation: it is sequential). draft_len: score only the first k
+    slots, as decoding with k drafts uses them (default: all K). reach: each position's slot loss weighted by
+    `reach_weights` (the metrics' per-slot losses stay unweighted). states: [B, T, H, d], the target's states at the
+    hooks `hooks_read` names, in its order (a state cache's), instead of running the target."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     B, T = tokens.shape
@@ -233,7 +264,7 @@ def drafter_loss(drafter_params: DrafterParams, target_params, tokens, label_mas
     labels, weights = slot_targets(tokens, label_mask, k)
     teacher = hidden[final][:, slot_teacher_index(T, k)] if objective == "kl" else None
     sums = chunked_slot_ce(target_cfg, target_params, slots, labels, weights, chunk_positions, teacher, replay,
-                           drafter_params.vocab, reach)
+                           drafter_params.vocab, reach, calibration=replay)
     if replay:
         sums["replay_emitted"], sums["replay_rounds"] = replay_rounds(sums.pop("lead"), label_mask)
     per_slot = (sums.pop("reached_ce_sum") if reach else sums["ce_sum"]) / jnp.maximum(sums["count"], 1.0)

@@ -27,12 +27,14 @@ oracles of the same shape):
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.acceptance.speculative import choose_drafts, draft_confidence
 from specformer_jax.decoding.engine.plan import DecodePlan
+from specformer_jax.modeling.calibration import calibrated
 from specformer_jax.modeling.drafter import (
     Drafter,
     DrafterParams,
@@ -56,6 +58,7 @@ class SpecformerDrafts:
     params: DrafterParams
     head: DraftHead | None = None  # the target's head for drafting (`bind`)
     packed: bool = struct.field(pytree_node=False, default=False)  # weights packed for the CPU kernels (`bind`)
+    calibration: jax.Array | None = None  # float32[K, GRID]: confidence -> acceptance (modeling/calibration.py)
 
     origins = ("specformer",)
 
@@ -86,8 +89,9 @@ class SpecformerDrafts:
         return None
 
     def confidence(self, plan: DecodePlan, drafts, q, state: KVCache):
-        """The drafter's top probability at each slot (`draft_confidence`)."""
-        return draft_confidence(q)
+        """The drafter's top probability at each slot (`draft_confidence`), through its calibration when it has one:
+        the chance, measured on held-out data, that a draft so confident is accepted after the drafts before it."""
+        return calibrated(draft_confidence(q), self.calibration)
 
     def advance(self, plan: DecodePlan, state: KVCache, num_new, next_tokens) -> KVCache:
         """Only the lengths move: the context layer's cost is saved, and the positions it skips keep what they held

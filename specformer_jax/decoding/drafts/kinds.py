@@ -6,12 +6,14 @@ default draft lengths; `generate`, `bench` and the tuner ask here how far each m
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
 from specformer_jax.decoding.drafts.ngram import MAX_NGRAM_DRAFTS, NgramDrafts
 from specformer_jax.errors import SpecformerError
+from specformer_jax.modeling.calibration import drafter_table
 from specformer_jax.modeling.drafter import drafter_axes
 from specformer_jax.modeling.loaded import LoadedDrafter, check_drafter_fits
 from specformer_jax.parallel import param_shardings
@@ -49,7 +51,8 @@ def draft_source(drafter: Drafter, mesh: Mesh | None, target_cfg, model_len: int
     params = loaded.params
     if mesh is not None:
         params = jax.device_put(params, param_shardings(params, drafter_axes(target_cfg, loaded.cfg), mesh))
-    model = SpecformerDrafts(loaded.cfg, params)
+    table = drafter_table(loaded.meta, loaded.cfg.num_slots)
+    model = SpecformerDrafts(loaded.cfg, params, calibration=None if table is None else jnp.asarray(table))
     if not isinstance(drafter, Hybrid):
         return model
     return HybridDrafts(model, drafter.ngram, drafter.min_match, model_len)

@@ -8,6 +8,10 @@ the chosen drafts of a row are always its first m. The chosen positions are laid
 entries ([x, d_1..d_m]), and the target runs over that list (`Target.forward_flat`): a draft not chosen costs
 nothing. The budget is static (one compilation per size); entries left over are padding placed past the caches.
 
+The budget can also be chosen each round among a few sizes (`budget_sizes`: positions and each one's measured cost
+of a round): the size whose expected tokens (the live rows' plus the sum of the chosen drafts' values) per unit of
+cost is largest, each size its own branch of a `lax.switch` (`best_size`), so a round costs what its size costs.
+
 Verifying the first m of a row's drafts is the round with m drafts: the choice of m depends on the drafter's
 distributions alone, not on the target nor on the draws, so greedy output stays plain greedy output and sampled
 output keeps the target's distribution.
@@ -19,6 +23,26 @@ import jax
 import jax.numpy as jnp
 
 from specformer_jax.decoding.acceptance.speculative import Verify, greedy_verdict
+
+Sizes = tuple[tuple[int, float], ...]  # (positions, the cost of a round with them), positions ascending
+
+
+def budget_sizes(budget: int | Sizes) -> Sizes:
+    """A budget as sizes to choose from: a number of positions is the one size (0: no budget, none); sizes as they
+    are, sorted by positions."""
+    if isinstance(budget, tuple):
+        return tuple(sorted((int(b), float(c)) for b, c in budget))
+    return ((int(budget), 1.0),) if budget else ()
+
+
+def best_size(values: jax.Array, live: jax.Array, sizes: Sizes) -> jax.Array:
+    """int32[]: the index of the size in `sizes` whose round is expected to emit the most tokens per unit of cost:
+    every live row's one token plus the values of the most valuable drafts that fit (values [P, k], `draft_values`)."""
+    top = jnp.maximum(jnp.sort(values.reshape(-1))[::-1], 0.0)
+    total = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(top)])
+    n_live = jnp.sum(live)
+    spare = jnp.clip(jnp.asarray([b for b, _ in sizes]) - n_live, 0, top.shape[0])
+    return jnp.argmax((n_live + total[spare]) / jnp.asarray([c for _, c in sizes])).astype(jnp.int32)
 
 
 def draft_values(confidence: jax.Array, live: jax.Array) -> jax.Array:

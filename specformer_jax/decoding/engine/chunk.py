@@ -16,17 +16,27 @@ import jax.numpy as jnp
 
 from specformer_jax.decoding.acceptance.sampling import is_eos
 from specformer_jax.decoding.acceptance.speculative import round_keys
-from specformer_jax.decoding.engine.budget import chosen_lengths, draft_values, flat_layout, gather_rows, verify_flat
+from specformer_jax.decoding.engine.budget import (
+    Sizes,
+    best_size,
+    budget_sizes,
+    chosen_lengths,
+    draft_values,
+    flat_layout,
+    gather_rows,
+    verify_flat,
+)
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.pool import Pool, first_rows, with_first_rows
 from specformer_jax.modeling.target import Target
 
 
 def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, drafting: bool = True,
-                 budget: int = 0) -> Pool:
+                 budget: int | Sizes = 0) -> Pool:
     """Every live row emits its accepted drafts and the target's next token (cut after an EOS and at its budget),
     verifying each row's first `width` drafts (plan.draft_len but in a narrower chunk, `run_chunk`), or with a
-    `budget` of positions, the most valuable of them that fit (engine/budget.py; at least the row's last token).
+    `budget` of positions, the most valuable of them that fit (engine/budget.py; at least the row's last token; sizes
+    with their costs: the size this round's drafts make best, `best_size`).
     Without `drafting` (width 0: a plain step on a speculative pool, `run_plain_chunk`) the drafter does not run.
     source: the draft source of a speculative plan, bound to the target's parameters (draft_source.py), else None;
     accept: the acceptance rule (speculative.Verify, or a measurement's). The parts are functions of their own, which
@@ -35,7 +45,8 @@ def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, 
     drafts, q = s.drafts[:, :width], s.q[:, :width]
     with jax.named_scope("verify" if plan.speculative else "decode_step"):
         if budget:
-            n, final, cache, hidden, chosen = flat_verify(plan, params, source, accept, s, drafts, q, keys, budget)
+            n, final, cache, hidden, chosen = flat_verify(plan, params, source, accept, s, drafts, q, keys,
+                                                          budget_sizes(budget))
         else:
             tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)  # [P, width + 1]
             h, cache, hidden = target_pass(plan, params, source, tokens, s.cache)
@@ -50,12 +61,20 @@ def decode_round(plan: DecodePlan, width: int, params, source, accept, s: Pool, 
         return next_drafts(plan, source, s, hidden, kept, n, emitted, keys)
 
 
-def flat_verify(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, budget: int):
+def flat_verify(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, sizes: Sizes):
     """The verify pass over a budget of positions (engine/budget.py): every live row's last token and the most
-    valuable drafts, as one flat list through the target (`Target.forward_flat`). Returns (n, final, the cache
-    with the positions written, the hooked states in the padded layout [P, w + 1, d], drafts verified per row)."""
+    valuable drafts, as one flat list through the target (`Target.forward_flat`); with several sizes, at the one
+    `best_size` picks for this round's drafts. Returns (n, final, the cache with the positions written, the hooked
+    states in the padded layout [P, w + 1, d], drafts verified per row)."""
     live = ~s.done
     values = draft_values(source.confidence(plan, drafts, q, s.draft_state), live)
+    passes = [lambda b=b: _flat_pass(plan, params, source, accept, s, drafts, q, keys, values, b) for b, _ in sizes]
+    return passes[0]() if len(passes) == 1 else jax.lax.switch(best_size(values, live, sizes), passes)
+
+
+def _flat_pass(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, values, budget: int):
+    """`flat_verify` at one budget, given the drafts' values."""
+    live = ~s.done
     chosen = chosen_lengths(values, live, budget)
     index, rows, at, valid = flat_layout(live, chosen, drafts.shape[1], budget)
     tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)[rows, at]
@@ -141,7 +160,8 @@ def next_drafts(plan: DecodePlan, source, s: Pool, hidden, kept, n, emitted, key
                      origin=s.origin if origin is None else jnp.where(live, origin, s.origin))
 
 
-def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept, pool: Pool, budget: int = 0) -> Pool:
+def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept, pool: Pool,
+              budget: int | Sizes = 0) -> Pool:
     """`rounds` rounds on the pool (R, a static trip count), each verifying `width` drafts (one of `chunk_widths`),
     or with a `budget` of positions (at least the pool's rows), the most valuable of its rows' first `width` drafts
     (engine/budget.py); source: bound to `params` (draft_source.py). With plan.stop_early (on a CPU), up to R rounds:
@@ -150,8 +170,10 @@ def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept,
     width (`needed_width`: a hybrid's n-gram rows more drafts verified than its SpecFormer rows, an n-gram row with
     no match none), so each round costs what its rows need. The host then runs the chunk of that width (the first
     round runs at this one)."""
-    if budget and budget < pool.done.shape[0]:
-        raise ValueError(f"a budget of {budget} positions cannot hold the last tokens of {pool.done.shape[0]} rows")
+    sizes = budget_sizes(budget)
+    if sizes and sizes[0][0] < pool.done.shape[0]:
+        raise ValueError(f"a budget of {sizes[0][0]} positions cannot hold the last tokens of "
+                         f"{pool.done.shape[0]} rows")
     step = lambda s: decode_round(plan, width, params, source, accept, s, budget=budget)
     switches = plan.stop_early and len(chunk_widths(plan, source)) > 1 and not budget
     same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
@@ -166,13 +188,13 @@ def run_plain_chunk(plan: DecodePlan, rounds: int, params, source, accept, pool:
     return _rounds(plan, rounds, step, lambda s: True, pool)
 
 
-def run_budget_chunk(plan: DecodePlan, rounds: int, width: int, budget: int, params, source, accept,
+def run_budget_chunk(plan: DecodePlan, rounds: int, width: int, budget: int | Sizes, params, source, accept,
                      pool: Pool) -> Pool:
     """`run_chunk` with a budget of positions (its static arguments first, as the engine compiles them)."""
     return run_chunk(plan, rounds, width, params, source, accept, pool, budget)
 
 
-def run_first_rows(plan: DecodePlan, rounds: int, width: int, rows: int, budget: int, params, source, accept,
+def run_first_rows(plan: DecodePlan, rounds: int, width: int, rows: int, budget: int | Sizes, params, source, accept,
                    pool: Pool) -> Pool:
     """`run_chunk` at `width` (`run_plain_chunk` for 0 on a speculative pool; with a `budget` of positions, or 0)
     over the pool's first `rows` rows only (pool.first_rows: the caches stay in place), so a round costs what those

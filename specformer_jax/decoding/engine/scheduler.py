@@ -25,6 +25,7 @@ import numpy as np
 
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine.budget import Sizes, budget_sizes
 from specformer_jax.decoding.engine.chunk import (
     chunk_widths,
     needed_width,
@@ -60,11 +61,11 @@ class Engine:
     they pass along."""
 
     def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh,
-                 budget: int = 0):
+                 budget: int | Sizes = 0):
         source = source.bind(plan, params) if plan.speculative else None  # once per call: not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
-        self.budget = budget if plan.speculative else 0  # positions a round verifies (engine/budget.py); 0: all
+        self.budget = budget_sizes(budget) if plan.speculative else ()  # engine/budget.py; (): all drafts
         self.widths = chunk_widths(plan, source)
         self.width = self.widths[-1]  # of the next chunk
         self.compile_seconds = 0.0
@@ -90,7 +91,7 @@ class Engine:
         """(the compiled chunk `chunk` runs for these arguments, its arguments): compiled now if it was not."""
         args = (self.params, self.source, self.accept, self.pool)
         width = self.width if width is None else width
-        budget = self.budget if width else 0
+        budget = self.budget if width else ()
         if rows is not None and rows < self.pool.done.shape[0]:
             static = (self.rounds, width, rows, budget)
             return self._compiled(run_first_rows, args, static=static, donate=(3,)), args
@@ -155,7 +156,7 @@ class Engine:
 
 def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool_size: int, keys: jax.Array, *,
                     accept=Verify(), chunk_rounds: int = CHUNK_ROUNDS, schedule: str = "continuous", mesh=None,
-                    stream: bool = False, budgets: list[int] | None = None, verify_budget: int = 0,
+                    stream: bool = False, budgets: list[int] | None = None, verify_budget: int | Sizes = 0,
                     on_finished=lambda done: None) -> Iterator[tuple[int, list[int]]]:
     """Decode every request of `ids` (prompt token ids) on a pool of `pool_size` slots; source: the draft source of
     a speculative plan (draft_source.py), else None; accept: the acceptance rule (speculative.Verify, or
@@ -163,7 +164,8 @@ def decode_requests(plan: DecodePlan, params, source, ids: list[list[int]], pool
     (default: plan.max_new_tokens, also the most allowed); chunk_rounds: rounds per chunk. Yields (request index,
     new tokens) at chunk boundaries when `stream`; returns the DecodeRun. on_finished(number of requests done) is
     called when requests finish. verify_budget: positions each speculative round verifies, at least pool_size
-    (engine/budget.py: every live row's last token and the most valuable drafts); 0: every row's drafts."""
+    (engine/budget.py: every live row's last token and the most valuable drafts), or sizes of budget with their
+    costs, one chosen each round (`best_size`); 0: every row's drafts."""
     budgets = [plan.max_new_tokens] * len(ids) if budgets is None else [min(b, plan.max_new_tokens) for b in budgets]
     max_len = cache_len(plan, bucket(max(map(len, ids))))
     start = time.perf_counter()  # before the pool compiles: every compilation counted lies inside the run

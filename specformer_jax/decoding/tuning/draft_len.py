@@ -44,6 +44,12 @@ def checked_draft_len(drafter: Drafter | None, draft_len, records: DecodeRecords
     return int(draft_len)
 
 
+def typical_cache_len(ids: list[list[int]], max_new_tokens: int) -> int:
+    """The cache length decoding `ids` holds mid-answer (the mean prompt plus half the answer), rounded up to 64: where
+    the tuners measure costs."""
+    return -(-(sum(map(len, ids)) // len(ids) + max_new_tokens // 2) // 64) * 64
+
+
 def decide_draft_len(draft_len: int | None | AutoDraftLen, drafter: Drafter | None, model: LoadedTarget,
                      pool_size: int, *, ids: list[list[int]], max_new_tokens: int, sampled: bool, schedule: str,
                      progress: bool) -> tuple[int, DraftLenChoice | None]:
@@ -51,9 +57,8 @@ def decide_draft_len(draft_len: int | None | AutoDraftLen, drafter: Drafter | No
     `checked_draft_len` returned: the user's k; for None the default; for a tuner its choice around a mid-decode
     cache length (the mean prompt of `ids` plus half the answer), with that choice (else None)."""
     if isinstance(draft_len, AutoDraftLen):
-        typical = -(-(sum(map(len, ids)) // len(ids) + max_new_tokens // 2) // 64) * 64  # rounded up to 64
-        choice = draft_len.choose(model, drafter, pool_size, typical, sampled=sampled, schedule=schedule,
-                                  progress=progress)
+        choice = draft_len.choose(model, drafter, pool_size, typical_cache_len(ids, max_new_tokens), sampled=sampled,
+                                  schedule=schedule, progress=progress)
         if progress:
             guess = ", ".join(f"k={k}: {v:.2f}x" for k, v in choice.predicted_speedup.items())
             print(f"specformer: --draft-len auto at batch {pool_size}: {choice.reason} (predicted {guess})",
@@ -99,14 +104,17 @@ def hybrid_model_len(drafter: Drafter | None, pool_size: int, target_cfg) -> int
     return min(loaded.cfg.num_slots, defaults.for_pool(defaults.HYBRID_CPU_MODEL_DRAFTS, pool_size, alone))
 
 
-def checked_verify_budget(budget: int | str | None, k: int, pool_size: int) -> int:
+def checked_verify_budget(budget: int | str | None, k: int, pool_size: int) -> int | str:
     """Positions a speculative round with k drafts a row verifies over a pool of `pool_size` rows
     (engine/budget.py), 0 for every row's k drafts: the call's budget ("+N": the pool's rows plus N; at least the
-    pool's rows, at most all its positions), else 0: a draft length is verified whole unless a budget is asked for
-    (the default draft length's default budget is `default_budgeted_round`'s)."""
+    pool's rows, at most all its positions; "auto" as it is, for `measured_sizes`), else 0: a draft length is
+    verified whole unless a budget is asked for (the default draft length's default budget is
+    `default_budgeted_round`'s)."""
     budget = budget_at(budget, pool_size)
     if not k or not budget:
         return 0
+    if budget == "auto":
+        return budget
     if budget < pool_size:
         raise SpecformerError(f"verify_budget must be 0 or at least the batch size, {pool_size}, got {budget}")
     return min(budget, pool_size * (k + 1))
@@ -123,9 +131,9 @@ def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool
     return (min(k, max_draft_len(drafter)), budget) if k else None
 
 
-def budget_at(budget: str | int | None, batch_size: int) -> int | None:
-    """A verify budget for this batch size (the pool's rows): "+N" is the batch size plus N, a number itself, None
-    the default."""
-    if isinstance(budget, str):
+def budget_at(budget: str | int | None, batch_size: int) -> int | str | None:
+    """A verify budget for this batch size (the pool's rows): "+N" is the batch size plus N, a number or "auto"
+    itself, None the default."""
+    if isinstance(budget, str) and budget != "auto":
         return batch_size + int(budget[1:])
     return budget

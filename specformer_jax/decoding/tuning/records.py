@@ -1,10 +1,11 @@
-"""DecodeRecords: what decoding measured, kept for `--draft-len auto` (tuner.py).
+"""DecodeRecords: what decoding measured, kept for `--draft-len auto` and `--verify-budget auto` (tuner.py).
 
-Three tables: the measured cost of a plain step and of a round with k drafts per setup (device, JAX, model shape,
-batch size, cache length, decoding code); the per-slot acceptance measured while decoding, per drafter (greedy and
-sampling apart); and per drafter, batch size and k, the steps plain decoding needs for the batches' tokens against
-the rounds those batches ran. A store lives in memory, or in one JSON file: the CLI's is
-SPECFORMER_CACHE/decode_records.json, and the Python API writes one only when given it (`generate(records=...)`).
+Three tables: the measured cost of a plain step and of a round with k drafts (or with k drafts under each of a few
+verify budgets) per setup (device, JAX, model shape, batch size, cache length, decoding code); the per-slot acceptance
+measured while decoding, per drafter (greedy and sampling apart); and per drafter, batch size and k, the steps plain
+decoding needs for the batches' tokens against the rounds those batches ran. A store lives in memory, or in one JSON
+file: the CLI's is SPECFORMER_CACHE/decode_records.json, and the Python API writes one only when given it
+(`generate(records=...)`).
 
 Old runs fade by one rule: before a run is added, a total is scaled down so that it weighs at most
 MAX_REMEMBERED_ROUNDS rounds, so the figures follow how the drafter is used now. Entries damaged by hand count as
@@ -66,6 +67,22 @@ class DecodeRecords:
 
     def add_step_costs(self, model, drafter, batch_size: int, cache_len: int, costs: dict) -> None:
         self._put("step_costs", _cost_key(model, drafter, batch_size, cache_len), costs)
+
+    def budget_costs(self, model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, k: int,
+                     budgets: list[int]) -> dict | None:
+        """{"step_seconds", "budget_seconds": {B: seconds}} measured for rounds with k drafts a row under each
+        verify budget B of `budgets` in this setup, or None."""
+        entry = self._table("step_costs").get(_cost_key(model, drafter, batch_size, cache_len, (k, budgets)))
+        try:
+            costs = {"step_seconds": float(entry["step_seconds"]),
+                     "budget_seconds": {int(b): float(v) for b, v in entry["budget_seconds"].items()}}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return costs if sorted(costs["budget_seconds"]) == sorted(budgets) else None
+
+    def add_budget_costs(self, model, drafter, batch_size: int, cache_len: int, k: int, budgets: list[int],
+                         costs: dict) -> None:
+        self._put("step_costs", _cost_key(model, drafter, batch_size, cache_len, (k, budgets)), costs)
 
     def acceptance(self, model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> list[float]:
         """Per-slot acceptance measured while decoding with this drafter, for the slots drafted so far."""
@@ -179,11 +196,13 @@ def _model(model: LoadedTarget) -> str:
     return repr(dataclasses.replace(model.cfg, unroll_layers=False, fuse_projections=False, pack_weights=False))
 
 
-def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int) -> str:
+def _cost_key(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, budgets=None) -> str:
+    """The setup a cost was measured in; budgets: (k, the verify budgets) of budget rounds' costs, None of steps'."""
     dev = jax.devices()[0]
     # the layout too (model.cfg as it decodes): the packed CPU layout and XLA's matmuls cost differently
+    extra = [] if budgets is None else [budgets[0], sorted(budgets[1])]
     return _hashed([dev.platform, dev.device_kind, jax.__version__, repr(model.cfg), repr(drafter.cfg), batch_size,
-                    cache_len, code_fingerprint()])
+                    cache_len, code_fingerprint()] + extra)
 
 
 def _drafter_key(model: LoadedTarget, drafter: LoadedDrafter, sampled: bool) -> str:

@@ -1,6 +1,6 @@
 """`AutoDraftLen`, the tuner behind `--draft-len auto` (cost_model.py holds the model it predicts with, records.py
-what it learns from). The draft length a call asks for is decided in one place, draft_len.py, which asks this tuner
-for "auto"."""
+what it learns from), and `measured_sizes`, the verify budgets behind `--verify-budget auto`. The draft length a call
+asks for is decided in one place, draft_len.py, which asks this tuner for "auto"."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import dataclasses
 from typing import Callable
 
 from specformer_jax.checks import NON_NEGATIVE
+from specformer_jax.decoding.engine.budget import Sizes
 from specformer_jax.decoding.tuning import cost_model
 from specformer_jax.decoding.tuning.records import DecodeRecords
-from specformer_jax.decoding.tuning.timing import measure_costs
+from specformer_jax.decoding.tuning.timing import measure_budget_costs, measure_costs
 from specformer_jax.defaults import AUTO_MARGIN
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget
@@ -56,3 +57,22 @@ class AutoDraftLen:
             self.records.add_step_costs(model, drafter, batch_size, cache_len, costs)
         batches = self.records.batch_rounds(model, drafter, sampled, batch_size) if schedule == "static" else {}
         return cost_model.predict(costs, acceptance, source, batches, self.margin)
+
+
+def candidate_budgets(pool_size: int, k: int) -> list[int]:
+    """The verify budgets a round with k drafts a row chooses among (engine/budget.py, `best_size`): the pool's rows
+    plus none, half, one, two and k drafts a row, as far as k allows. A few only: each is a compiled pass."""
+    extras = {0, -(-pool_size // 2), pool_size, 2 * pool_size, k * pool_size}
+    return sorted(pool_size + e for e in extras if e <= k * pool_size)
+
+
+def measured_sizes(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, k: int,
+                   records: DecodeRecords, progress: bool = False) -> Sizes:
+    """The `candidate_budgets` with what a round under each costs in plain steps, on this device at this batch size
+    around `cache_len` cached tokens: read from `records`, else measured (timing.py) and recorded."""
+    budgets = candidate_budgets(batch_size, k)
+    costs = records.budget_costs(model, drafter, batch_size, cache_len, k, budgets)
+    if costs is None:
+        costs = measure_budget_costs(model, drafter, batch_size, cache_len, k, budgets, progress=progress)
+        records.add_budget_costs(model, drafter, batch_size, cache_len, k, budgets, costs)
+    return tuple((b, costs["budget_seconds"][b] / costs["step_seconds"]) for b in budgets)
