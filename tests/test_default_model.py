@@ -66,6 +66,7 @@ def test_logits_match_transformers_on_ragged_batch(ours, reference):
         np.testing.assert_allclose(got, ref32, atol=2e-4, rtol=0)
 
 
+@pytest.mark.slow  # CI time: the logits above, and the tiny families' CLI
 def test_cli_greedy_tokens_match_transformers(ours, reference, capsys):
     argv = ["generate", "--json", "--max-new-tokens", "24"]
     for p in PROMPTS:

@@ -17,7 +17,7 @@ from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import run_chunk
 from specformer_jax.decoding.tuning import cost_model as cm
 from specformer_jax.decoding.tuning import records as rec
-from specformer_jax.decoding.tuning import timing
+from specformer_jax.decoding.tuning import timing, tuner
 from specformer_jax.decoding.tuning.draft_len import default_draft_len
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen, drafter_acceptance
@@ -75,6 +75,7 @@ def no_measuring(*a, **k):
     raise AssertionError("costs should come from the records")
 
 
+@pytest.mark.slow  # CI time: real timing of K + 1 engines; the choices and records are tested on stand-ins below
 def test_auto_is_lossless_and_keeps_measured_costs(model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "COMPILED", runner.CompiledFunctions())  # to count the loops compiled below
     records = DecodeRecords(tmp_path / "records.json")
@@ -134,6 +135,33 @@ def test_each_cost_is_the_median_of_repeats_taken_in_turn(model, monkeypatch):
     assert costs["step_seconds"] == pytest.approx(1.0)
     assert costs["round_seconds"] == pytest.approx({1: 1.1, 2: 1.2, 3: 1.3})  # the slowed run of k = 2 left out
     assert order == [k for _ in range(3) for k in range(4) for _ in range(2)]  # k = 0..3 in turn, three times
+
+
+def test_budget_costs_time_each_budget_against_a_plain_step_and_are_kept(model, monkeypatch):
+    """--verify-budget auto's timing: a plain step and a round of k drafts under each candidate budget, in turn, taken
+    from the same runs as --draft-len auto's; in plain steps, never cheaper than a smaller budget; read from the
+    records the second time."""
+    runs = []
+
+    def fake_run(plan, verify_budget, model, drafter, prompts, tokens=None):
+        runs.append((plan.draft_len, verify_budget, tokens))
+        rounds = 4 if tokens == timing.SHORT_BUDGET else 20
+        noise = 0.05 if verify_budget == 6 else 0.0  # a busy moment made budget 8 look cheaper than 6
+        return types.SimpleNamespace(run_seconds=rounds * (1.0 + 0.01 * verify_budget + noise), rounds_run=rounds)
+
+    monkeypatch.setattr(timing, "_run", fake_run)
+    records, d = DecodeRecords(), drafter(model, None)
+    budgets = tuner.candidate_budgets(4, 2)
+    assert budgets == [4, 6, 8, 12]
+    sizes = tuner.measured_sizes(model, d, 4, 64, 2, records)
+    assert [b for b, _ in sizes] == [4, 6, 8, 12]
+    assert [c for _, c in sizes] == pytest.approx([1.04, 1.11, 1.11, 1.12])
+    timed = [r for r in runs if r[2] != 2]  # not the compilations
+    assert timed[:4] == [(0, 0, timing.SHORT_BUDGET), (0, 0, None), (2, 4, timing.SHORT_BUDGET), (2, 4, None)]
+    assert len(timed) == 2 * 5 * timing.REPEATS
+    runs.clear()
+    assert tuner.measured_sizes(model, d, 4, 64, 2, records) == sizes and not runs
+    assert tuner.candidate_budgets(1, 4) == [1, 2, 3, 5] and tuner.candidate_budgets(8, 1) == [8, 12, 16]
 
 
 def test_the_api_records_only_into_a_store_it_is_given(model, tmp_path, monkeypatch):

@@ -101,6 +101,7 @@ def reduced_drafter(model, size=48, seed=0, **kw) -> LoadedDrafter:
     return LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(seed), ids), {})
 
 
+@pytest.mark.slow  # CI time: the shipped drafter has one and decodes as before
 def test_a_drafter_with_a_draft_vocabulary_is_lossless(model):
     drafter = reduced_drafter(model)
     for k in (4, 1):

@@ -147,7 +147,8 @@ def test_a_specformer_drafter_on_the_pool_is_lossless(model, reference, pool, ba
 
 
 # plain decoding's samples against batch composition are also checked in test_decoding.py, in `make test`
-@pytest.mark.parametrize("draft_len", [pytest.param(0, marks=pytest.mark.slow), 2])
+@pytest.mark.slow  # CI time: speculative samples against the target's distribution: test_speculative_sampling.py
+@pytest.mark.parametrize("draft_len", [0, 2])
 def test_sampled_requests_do_not_depend_on_pool_size_or_insertion_order(model, draft_len):
     cfg = DrafterConfig(num_slots=3)
     source = SpecformerDrafts(cfg, init_drafter(model.cfg, cfg, jax.random.key(3))) if draft_len else None

@@ -210,6 +210,7 @@ def test_replayed_rounds_start_where_the_last_one_stopped():
     assert int(full[1]) == int(sum(-(-(a - 1) // (K + 1)) for a in answers if a > 1))
 
 
+@pytest.mark.slow  # CI time: an option of training's loss
 def test_slot_decay_weighs_each_slots_loss():
     """The loss is the slots' losses weighted exp(-decay * i), normalised; decay 0 is their mean (the paper's); with
     reach, later slots weigh less again, and the metrics' sums stay the unweighted ones."""

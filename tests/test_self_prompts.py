@@ -83,6 +83,7 @@ def test_evaluation_prompts_are_never_kept(model, sampled, tmp_path, monkeypatch
     assert len(again) == 2 and not set(again) & set(first)
 
 
+@pytest.mark.slow  # CI time: one error path
 def test_a_model_that_never_finishes_a_request_is_a_clear_error(model, tmp_path, monkeypatch):
     monkeypatch.setattr(sp, "MAX_EMPTY_ROUNDS", 2)
     with pytest.raises(SpecformerError, match="no finished, new request"):

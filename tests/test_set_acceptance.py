@@ -74,6 +74,7 @@ def test_rates_share_one_compilation(tiny, monkeypatch):
     assert runner.COMPILED.count(run_chunk) == 1
 
 
+@pytest.mark.slow  # CI time: set rounds are tested above
 def test_real_rounds_after_set_ones_decode_the_targets_tokens(tiny):
     """Set acceptance for a chunk, then verified rounds: what follows equals plain decoding of the prompt plus the
     tokens emitted so far, so the set rounds left the caches exactly as a real round with those tokens would."""

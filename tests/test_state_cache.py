@@ -107,6 +107,7 @@ def config(tiny_checkpoints, out, **kw):
                                                       **kw})
 
 
+@pytest.mark.slow  # CI time: the loss from the cache is checked above
 def test_training_from_the_cache_takes_the_live_targets_steps(tiny_checkpoints, tmp_path, cache, use_records,
                                                                monkeypatch):
     cached = trainer.train(config(tiny_checkpoints, tmp_path / "cached", states=str(cache)), progress=False)

@@ -69,8 +69,8 @@ def prefill_extend_step(cfg: TargetConfig, params, prompts, extension, step):
 
 
 # CI time: q/k norms and sliding windows run the same layer code in both layouts
-@pytest.mark.parametrize("name", ["llama", "qwen2"] + [pytest.param(n, marks=pytest.mark.slow)
-                                                        for n in ("qwen3", "mistral")])
+@pytest.mark.parametrize("name", ["llama"] + [pytest.param(n, marks=pytest.mark.slow)
+                                              for n in ("qwen2", "qwen3", "mistral")])
 def test_decoding_layouts_match_the_stacked_layout(name):
     cfg = CONFIGS[name]
     params = random_params(cfg)

@@ -47,8 +47,8 @@ def metrics(out, split="train"):
 
 
 @pytest.mark.parametrize("objective, extra", [
-    pytest.param("ce", {}, id="ce"), pytest.param("kl", {}, id="kl"),
-    pytest.param("ce", {"slot_loss_reach": True}, id="ce-reach"),
+    pytest.param("ce", {}, id="ce"), pytest.param("kl", {}, marks=pytest.mark.slow, id="kl"),
+    pytest.param("ce", {"slot_loss_reach": True}, marks=pytest.mark.slow, id="ce-reach"),
     pytest.param("ce", {"context_token_input": True}, marks=pytest.mark.slow, id="ce-context")])
 def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, objective, extra):
     trainer.train(config(tiny_checkpoints, tmp_path, steps=40, eval_every=40, save_every=40, objective=objective,
@@ -67,6 +67,7 @@ def test_loss_decreases_in_a_few_steps(tiny_checkpoints, tmp_path, use_records, 
         assert loaded.cfg.context_token_input and loaded.params.weights["fuse"]["kernel"].shape[0] == 5 * 64
 
 
+@pytest.mark.slow  # CI time: eval-drafter is checked against the logged eval
 def test_eval_data_is_what_periodic_eval_scores(tiny_checkpoints, tmp_path, records, monkeypatch):
     model = load_target(tiny_checkpoints["llama3"])
     unseen = [list(range(5 + i, 12 + 2 * i)) for i in range(8)]  # prompts the training records do not have
@@ -240,6 +241,7 @@ def test_drafter_round_trip_and_target_mismatch(tiny_checkpoints, tmp_path):
         load_drafter(tmp_path / "nope", target)
 
 
+@pytest.mark.slow  # CI time: two short training runs of their own
 def test_init_from_continues_a_drafter_with_the_same_settings(tiny_checkpoints, tmp_path):
     from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter
 

@@ -39,6 +39,7 @@ from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import Verify, round_keys
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine.budget import budget_sizes
 from specformer_jax.decoding.engine.chunk import (
     flat_verify,
     run_budget_chunk,
@@ -242,7 +243,8 @@ def _without_contents(tree):
 
 
 def _flat_pass(plan, budget, params, source, cache, s, keys):
-    n, _, cache, _, _ = flat_verify(plan, params, source, Verify(), s.replace(cache=cache), s.drafts, s.q, keys, budget)
+    n, _, cache, _, _ = flat_verify(plan, params, source, Verify(), s.replace(cache=cache), s.drafts, s.q, keys,
+                                    budget_sizes(budget))
     return n, cache
 
 

@@ -36,7 +36,8 @@ from specformer_jax.modeling.loaded import LoadedTarget
 # decode_steps: rounds with a live row (plain steps, speculative rounds); rounds_run: all rounds run
 KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generated", "decode_steps", "rounds_run",
         "draft_len", "draft_len_auto", "mean_accepted_length", "batch_accepted_length", "acceptance_rate_per_slot",
-        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds", "law_accepted_length", "by_source")
+        "rounds", "latency_seconds", "pool_occupancy", "schedule", "chunk_rounds", "law_accepted_length", "by_source",
+        "verify_budget", "verified_positions_per_round", "accepted_per_verified_draft", "rounds_without_drafts")
 
 
 def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Prompt], *,

@@ -5,6 +5,7 @@ asks for is decided in one place, draft_len.py, which asks this tuner for "auto"
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Callable
 
 from specformer_jax.checks import NON_NEGATIVE
@@ -69,10 +70,13 @@ def candidate_budgets(pool_size: int, k: int) -> list[int]:
 def measured_sizes(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, k: int,
                    records: DecodeRecords, progress: bool = False) -> Sizes:
     """The `candidate_budgets` with what a round under each costs in plain steps, on this device at this batch size
-    around `cache_len` cached tokens: read from `records`, else measured (timing.py) and recorded."""
+    around `cache_len` cached tokens: read from `records`, else measured (timing.py) and recorded. A budget costs at
+    least what a smaller one does: a measurement that says less is the machine's noise, and would make the round
+    take the smaller budget for nothing."""
     budgets = candidate_budgets(batch_size, k)
     costs = records.budget_costs(model, drafter, batch_size, cache_len, k, budgets)
     if costs is None:
         costs = measure_budget_costs(model, drafter, batch_size, cache_len, k, budgets, progress=progress)
         records.add_budget_costs(model, drafter, batch_size, cache_len, k, budgets, costs)
-    return tuple((b, costs["budget_seconds"][b] / costs["step_seconds"]) for b in budgets)
+    seconds = itertools.accumulate((costs["budget_seconds"][b] for b in budgets), max)
+    return tuple((b, t / costs["step_seconds"]) for b, t in zip(budgets, seconds))
