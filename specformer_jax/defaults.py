@@ -66,7 +66,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # against the uniform k = 2's 1.33x; at batch 8 budgets of 12 and 16 ran 0.99x and 0.91x, at batch 16 20 and
     # 24 ran 0.94x and 0.90x, so those decode plainly.
     "CPU_VERIFY_BUDGETS": tuple(_RESULTS + f"verify_budget_cpu_{name}.json" for name in (
-        "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8")),
+        "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8",
+        "auto_k2", "k2_plus4_b248")),  # the last two: a budget per round from measured costs did not beat the table
     "NGRAM_DRAFT_CONFIDENCE": (),
     # On a CPU: the rounds a larger R wastes after a request finished (tokens/s was noise there); GPU timings of R
     # are not committed.

@@ -76,9 +76,9 @@ def test_gradients_are_the_references():
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("settings", [pytest.param({}, marks=pytest.mark.slow),  # CI time: the other packs it too
-                                      {"next_token_input": True, "context_token_input": True,
-                                       "slot_attention": "causal"}])
+@pytest.mark.slow  # CI time: the shipped drafter decodes packed on the CPU kernels as before (test_shipped_drafter.py)
+@pytest.mark.parametrize("settings", [{}, {"next_token_input": True, "context_token_input": True,
+                                          "slot_attention": "causal"}])
 def test_a_packed_drafter_computes_what_it_computes_unpacked(settings):
     """Decoding on a CPU packs the drafter's weights with the target's (`pack_drafter`, once per call): the same
     slot states and cache."""

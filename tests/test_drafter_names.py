@@ -136,7 +136,7 @@ def test_an_empty_model_is_refused(cli_error):
 
 
 @pytest.mark.parametrize("model, text", [("llama3", "ngram:1-3"), ("llama3", "random+ngram"),
-                                         ("random:tiny", "default")])
+                                         pytest.param("random:tiny", "default", marks=pytest.mark.slow)])
 def test_the_cli_and_the_api_decode_the_same(tiny_checkpoints, tmp_path, capsys, model, text):
     """The same tokens from `specformer generate --drafter TEXT` and `generate(model, ..., drafter=TEXT)`, and the
     drafter they decoded with ("default" with random weights: "random")."""

@@ -107,7 +107,7 @@ def run_oracle(model, prompts, k, shift, eos_ids, max_new=N):
 # CI time: 7 ragged rows cover 1; the bidirectional drafter on the engine's pool is in test_engine.py
 @pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 7])
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) for v in ("bidirectional", "causal")]
-                         + ["next_token", pytest.param("context_token", marks=pytest.mark.slow)])
+                         + [pytest.param(v, marks=pytest.mark.slow) for v in ("next_token", "context_token")])
 def test_specformer_drafter_is_lossless(model, rows, variant):
     cfg = DrafterConfig(num_slots=4, slot_attention="causal" if variant == "causal" else "bidirectional",
                         next_token_input=variant == "next_token", context_token_input=variant == "context_token")

@@ -158,6 +158,7 @@ def test_samples_with_a_verify_budget_follow_the_target_distribution(model, draf
     assert chi_square_pvalue(samples, joint) > 1e-3
 
 
+@pytest.mark.slow  # CI time: a power check; the budget's own chi-square runs
 def test_the_test_catches_a_flat_layout_read_one_entry_off(model, drafter, monkeypatch):
     """The power check of the budget's test: each position verified against the logits of the entry after it in
     the flat list (an off-by-one between the layout and its reading)."""

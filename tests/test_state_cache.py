@@ -183,6 +183,7 @@ def test_an_unfinished_cache_resumes_to_the_same_states(target, records, cache, 
         cache_states(target, records, out, hooks=(0, 2), seq_len=SEQ, batch_size=4, shard_records=5, progress=False)
 
 
+@pytest.mark.slow  # CI time: the cache's contents and loss are checked above
 def test_the_cli_caches_distilled_data_and_train_reads_it(tiny_checkpoints, tmp_path, cli_error, target):
     model = str(tiny_checkpoints["llama3"])
     prompts = [list(range(5 + i, 12 + 2 * i)) for i in range(10)]

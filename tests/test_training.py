@@ -320,7 +320,7 @@ def test_a_periodic_eval_with_nothing_to_score_is_refused_before_training(tiny_c
 
 
 # CI time: 40 holds every row whole; 6 and 12 cut rows inside their prompts and answers
-@pytest.mark.parametrize("seq_len", [pytest.param(n, marks=pytest.mark.slow) for n in (6, 12)] + [40])
+@pytest.mark.parametrize("seq_len", [pytest.param(n, marks=pytest.mark.slow) for n in (6, 12, 40)])
 def test_scored_positions_count_what_the_loss_scores(tiny_checkpoints, records, seq_len):
     """dataset.scored_positions (host arithmetic) against the positions the jitted loss counts."""
     from specformer_jax.training.data.batches import eval_batches
