@@ -87,6 +87,7 @@ def test_per_row_eos_and_budget_match_transformers(llama, tiny_checkpoints):
     assert res.stats["num_generated"] == sum(len(t) for t in res.token_ids)
 
 
+@pytest.mark.slow  # CI time: test_engine.py decodes each request as alone
 def test_batch_composition_does_not_change_outputs(llama):
     for kw in (dict(), dict(temperature=1.0, top_p=0.9, seed=7)):
         whole = generate(llama, ROWS, max_new_tokens=8, batch_size=8, **kw).token_ids

@@ -84,6 +84,7 @@ def test_abandoned_request_frees_its_slot_and_a_full_queue_refuses(model):  # no
 
 
 
+@pytest.mark.slow  # CI time: test_serve.py's server warms up first
 def test_compiled_ahead_nothing_compiles_while_serving(model):  # noqa: F811
     engine = ServingEngine(model, resolve_drafter("random", model),
                            ServeConfig(slots=4, context=96, draft_len=None, chunk_rounds=2, max_queue=16))

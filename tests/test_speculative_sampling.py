@@ -117,7 +117,8 @@ def variant_drafter(model, variant: str):
     return LoadedDrafter(cfg, params, {})
 
 
-@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("ngram", marks=pytest.mark.slow), "hybrid",
+@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("ngram", marks=pytest.mark.slow),
+                                     pytest.param("hybrid", marks=pytest.mark.slow),
                                      pytest.param("slots", marks=pytest.mark.slow),
                                      pytest.param("context", marks=pytest.mark.slow)])
 def test_speculative_samples_follow_the_target_distribution(model, drafter, variant):

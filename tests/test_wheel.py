@@ -12,6 +12,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from specformer_jax.assets import DEFAULT_DRAFTER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ def run(cmd, **kw):
     return proc
 
 
+@pytest.mark.slow  # CI time: a venv of its own; make demo installs the package
 def test_a_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     source = tmp_path / "source"  # the wheel is built from a copy, so the build leaves the checkout alone
     for package in ("specformer_jax", "pallas_kernels"):
