@@ -100,6 +100,9 @@ def test_a_budget_below_the_batch_size_is_refused(tiny):
     with pytest.raises(SpecformerError, match="verify_budget must be 0 or at least the batch size, 3"):
         generate(model, GREEDY_PROMPTS, max_new_tokens=4, batch_size=3, chat=False, drafter=drafter, draft_len=2,
                  verify_budget=2)
+    with pytest.raises(SpecformerError, match="--verify-budget auto needs a SpecFormer drafter alone"):
+        generate(model, GREEDY_PROMPTS, max_new_tokens=4, batch_size=3, chat=False, drafter=NgramDrafts(),
+                 draft_len=2, verify_budget="auto")
 
 
 def test_the_budget_goes_to_the_most_valuable_drafts_and_each_row_keeps_a_prefix():

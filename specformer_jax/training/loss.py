@@ -113,10 +113,10 @@ def chunked_slot_ce(target_cfg, target_params, states, labels, weights, chunk_po
         # accepted = leading run of correct slots, counted where the whole window is supervised
         lead = jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1)
         full = jnp.all(supervised, axis=-1)
-        reached = {"reached_ce_sum": jnp.sum(w * reach_weights(logits, lab, index) * ce, axis=0)} if reach else {}
-        reached |= _calibration_sums(logits, hit, full[:, None] & (lead[:, None] > jnp.arange(K) - 1)) if (
-            calibration) else {}
-        return reached | {
+        extra = {"reached_ce_sum": jnp.sum(w * reach_weights(logits, lab, index) * ce, axis=0)} if reach else {}
+        if calibration:  # slot i is reached where the window is supervised and the i slots before it were correct
+            extra |= _calibration_sums(logits, hit, full[:, None] & (lead[:, None] >= jnp.arange(K)))
+        return extra | {
             "ce_sum": jnp.sum(w * ce, axis=0),
             "correct": jnp.sum(hit, axis=0).astype(jnp.float32),
             "count": jnp.sum(w, axis=0),

@@ -62,8 +62,8 @@ def specformer_only(drafter, what: str) -> LoadedDrafter:
     """The SpecFormer drafter of `what` (a feature that reads a drafter's measured acceptance), refused in one line
     for the n-gram lookup and hybrids."""
     if not isinstance(drafter, LoadedDrafter):
-        raise SpecformerError(f"{what} needs a SpecFormer drafter alone (its measured acceptance); for ngram and "
-                              "hybrid drafters give a number of drafts per round")
+        raise SpecformerError(f"{what} needs a SpecFormer drafter alone (it measures that drafter); for ngram and "
+                              "hybrid drafters give a number instead")
     return drafter
 
 

@@ -68,13 +68,13 @@ def flat_verify(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, ke
     states in the padded layout [P, w + 1, d], drafts verified per row)."""
     live = ~s.done
     values = draft_values(source.confidence(plan, drafts, q, s.draft_state), live)
-    passes = [lambda b=b: _flat_pass(plan, params, source, accept, s, drafts, q, keys, values, b) for b, _ in sizes]
+    passes = [lambda b=b: _flat_pass(plan, params, source, accept, s, drafts, q, keys, live, values, b)
+              for b, _ in sizes]
     return passes[0]() if len(passes) == 1 else jax.lax.switch(best_size(values, live, sizes), passes)
 
 
-def _flat_pass(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, values, budget: int):
-    """`flat_verify` at one budget, given the drafts' values."""
-    live = ~s.done
+def _flat_pass(plan: DecodePlan, params, source, accept, s: Pool, drafts, q, keys, live, values, budget: int):
+    """`flat_verify` at one budget, given the live rows and the drafts' values."""
     chosen = chosen_lengths(values, live, budget)
     index, rows, at, valid = flat_layout(live, chosen, drafts.shape[1], budget)
     tokens = jnp.concatenate([s.last[:, None], drafts], axis=1)[rows, at]
@@ -174,8 +174,8 @@ def run_chunk(plan: DecodePlan, rounds: int, width: int, params, source, accept,
     if sizes and sizes[0][0] < pool.done.shape[0]:
         raise ValueError(f"a budget of {sizes[0][0]} positions cannot hold the last tokens of "
                          f"{pool.done.shape[0]} rows")
-    step = lambda s: decode_round(plan, width, params, source, accept, s, budget=budget)
-    switches = plan.stop_early and len(chunk_widths(plan, source)) > 1 and not budget
+    step = lambda s: decode_round(plan, width, params, source, accept, s, budget=sizes)
+    switches = plan.stop_early and len(chunk_widths(plan, source)) > 1 and not sizes
     same = (lambda s: needed_width(plan, source, s.done, s.origin) == width) if switches else (lambda s: True)
     return _rounds(plan, rounds, step, same, pool)
 
