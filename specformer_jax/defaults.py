@@ -19,7 +19,7 @@ CPU_DRAFT_LENS: dict[str, dict[int | range, int]] = {
 }
 # The default round by pool size on a CPU with its kernels where it verifies a budget (decoding/engine/budget.py):
 # (drafts per row, positions per round over the pool: every live row's last token and the most valuable drafts).
-# A pool size not listed here takes CPU_DRAFT_LENS, verified whole. The server keeps CPU_DRAFT_LENS.
+# A pool size not listed here takes CPU_DRAFT_LENS, verified whole. The server takes both by its live rows.
 CPU_VERIFY_BUDGETS: dict[str, dict[int | range, tuple[int, int]]] = {"specformer": {range(3, 5): (2, 8)}}
 # On a GPU or TPU: every trained slot of a SpecFormer drafter (a hybrid's too); a source without one (the n-gram
 # lookup alone) drafts this many.

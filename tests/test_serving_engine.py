@@ -1,7 +1,8 @@
-"""The server's engine without HTTP: requests arriving while others decode, more of them than slots, rows moved to
-keep the live ones first, chunks over only those rows, plain chunks that skip the drafter when many are live, an
-abandoned request, and a second sampling setting beside greedy ones. Every greedy answer equals plain decoding of
-that prompt alone (test_engine.plain_alone: the target's forward a token at a time, no engine)."""
+"""The server's engine without HTTP: requests arriving while others decode, more of them than slots, rows moved to keep
+the live ones first, chunks over only those rows, plain chunks that skip the drafter when many are live, the default
+verify budget when three or four are, an abandoned request, and a second sampling setting beside greedy ones. Every
+greedy answer equals plain decoding of that prompt alone (test_engine.plain_alone: the target's forward a token at a
+time, no engine)."""
 
 from __future__ import annotations
 
@@ -58,8 +59,27 @@ def test_requests_arriving_mid_flight_decode_as_alone(model, drafter):  # noqa: 
     assert engine.metrics.busy == 0 and engine.metrics.finished["abandoned"] == 0
     assert runner.COMPILED.count(run_first_rows) >= 1  # fewer live rows than slots ran over fewer rows
     if drafter:
-        assert engine.metrics.chunks[0] >= 1 and runner.COMPILED.count(run_plain_chunk) + runner.COMPILED.count(
+        assert engine.metrics.chunks[0, 0] >= 1 and runner.COMPILED.count(run_plain_chunk) + runner.COMPILED.count(
             run_first_rows) >= 2  # six live rows: plain chunks that skip the drafter
+
+
+def test_three_or_four_live_requests_verify_the_default_budget_and_decode_as_alone(model):  # noqa: F811
+    """With three or four rows live, a chunk runs the round `generate` runs for that batch on a CPU with its kernels
+    (defaults.CPU_VERIFY_BUDGETS: 2 drafts a row, 8 positions a round); with fewer, whole draft lengths."""
+    assert model.use_decoding_layout(4).cfg.pack_weights  # the CPU kernels: where the budget is the default
+    engine = ServingEngine(model, resolve_drafter("random", model), ServeConfig(slots=4, context=96, draft_len=None,
+                                                                                chunk_rounds=2, max_queue=16)).start()
+    answers = [Answer() for _ in PROMPTS[:6]]
+    try:
+        for a, p, b in zip(answers, PROMPTS, BUDGETS):
+            engine.submit(a.request(p, b))
+        assert all(a.done.wait(300) for a in answers)
+    finally:
+        engine.stop()
+    assert all(a.ids == plain_alone(model, p, b) for a, p, b in zip(answers, PROMPTS, BUDGETS))
+    rounds = set(engine.metrics.chunks)
+    assert (2, 8) in rounds and any(w and not b for w, b in rounds), rounds
+    assert 'chunks_total{drafts="2",budget="8"}' in engine.metrics.text()
 
 
 def test_abandoned_request_frees_its_slot_and_a_full_queue_refuses(model):  # noqa: F811

@@ -7,10 +7,11 @@ client gone, or a stop string seen) frees its slot at the next boundary. The sam
 compiled plan, so requests are grouped by them: each group is a pool of its own, made when a request needs it and
 dropped when it empties, and at most `slots` requests are live across the groups.
 
-Each chunk verifies as many drafts as pay for the rows live in its pool now (`ServeConfig.draft_width`: the
-measured default for that many rows, decoding/tuning/draft_len.py), and none when they do not pay: then the
-rounds are plain steps that skip the drafter (chunk.run_plain_chunk), so a busy server costs what plain decoding
-does.
+Each chunk verifies as many drafts as pay for the rows live in its pool now (`ServeConfig.chunk_round`: the
+measured default round for that many rows, decoding/tuning/draft_len.py, as `generate` runs it for a batch of that
+size: k drafts a row, or a verify budget of positions where the defaults measured one), and none when they do not
+pay: then the rounds are plain steps that skip the drafter (chunk.run_plain_chunk), so a busy server costs what
+plain decoding does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.drafts import kinds
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.scheduler import Engine
-from specformer_jax.decoding.tuning.draft_len import default_draft_len, hybrid_model_len
+from specformer_jax.decoding.tuning.draft_len import default_budgeted_round, default_draft_len, hybrid_model_len
 from specformer_jax.errors import SpecformerError
 from specformer_jax.serving.metrics import ServerMetrics
 
@@ -71,18 +72,22 @@ class ServeConfig:
     chunk_rounds: int
     max_queue: int
 
-    def draft_width(self, drafter, live: int, packed: bool) -> int:
-        """Drafts a chunk verifies with `live` rows in its pool (0: plain steps)."""
+    def chunk_round(self, drafter, live: int, packed: bool) -> tuple[int, int]:
+        """(drafts a row that a chunk verifies with `live` rows in its pool, 0 for plain steps; positions a round
+        verifies, 0 for every row's drafts). With no draft length asked for, the measured default round for that
+        many rows: a budget where defaults.CPU_VERIFY_BUDGETS lists one, else the default draft length whole."""
         if drafter is None:
-            return 0
-        return self.draft_len if self.draft_len is not None else default_draft_len(drafter, live, packed)
+            return 0, 0
+        if self.draft_len is not None:
+            return self.draft_len, 0
+        return default_budgeted_round(drafter, live, packed) or (default_draft_len(drafter, live, packed), 0)
 
 
 class _Group:
     """The pool of the requests that share one sampling config."""
 
     def __init__(self, model, drafter, sampling: SamplingConfig, cfg: ServeConfig, mesh):
-        widest = max(cfg.draft_width(drafter, n, model.cfg.pack_weights) for n in range(1, cfg.slots + 1))
+        widest = max(cfg.chunk_round(drafter, n, model.cfg.pack_weights)[0] for n in range(1, cfg.slots + 1))
         self.plan = make_plan(model, widest, sampling, cfg.context)
         model_len = hybrid_model_len(drafter, 1, model.cfg)
         source = kinds.draft_source(drafter, mesh, model.cfg, model_len) if widest else None
@@ -138,16 +143,16 @@ class ServingEngine:
 
     def compile_ahead(self, progress=lambda done, total: None) -> None:
         """Compile, before serving, what a greedy pool may run, so no request waits for a compilation: the chunk of
-        every draft width the live rows can ask for over every number of rows a chunk can run over, the prefill of
-        blocks of 1..slots prompts of up to COMPILE_AHEAD_PROMPT tokens, and the moves of rows. Other sampling
-        settings, and longer prompts, compile when first asked for. Call before `start`."""
+        every round (drafts a row, budget) the live rows can ask for over every number of rows a chunk can run over,
+        the prefill of blocks of 1..slots prompts of up to COMPILE_AHEAD_PROMPT tokens, and the moves of rows. Other
+        sampling settings, and longer prompts, compile when first asked for. Call before `start`."""
         group = self._groups.setdefault(SamplingConfig(), _Group(self.model, self.drafter, SamplingConfig(),
                                                                  self.cfg, self.mesh))
-        P, packed, k = self.cfg.slots, self.model.cfg.pack_weights, group.plan.draft_len
+        P, k = self.cfg.slots, group.plan.draft_len
         counts = [1 << i for i in range(P.bit_length()) if 1 << i < P] + [P]  # what Engine.fill, compact use
         lens = [n for n in (32, 64, 128, 256) if n <= min(self.cfg.context, COMPILE_AHEAD_PROMPT)]
-        jobs = [(group.engine.chunk_function, (None if w == k else w, rows)) for rows in counts
-                for w in sorted({min(self.cfg.draft_width(self.drafter, n, packed), k) for n in range(1, rows + 1)})]
+        jobs = [(group.engine.chunk_function, (None if w == k else w, rows, b)) for rows in counts
+                for w, b in sorted({self._round(group, n, rows) for n in range(1, rows + 1)})]
         jobs += [(group.engine.compile_fill, (b, n)) for b in counts for n in lens]
         jobs += [(group.engine.move, ([P] * m, [P] * m)) for m in counts[:-1]]  # moves nothing: compiles
         for i, (fn, args) in enumerate(jobs):
@@ -269,13 +274,21 @@ class ServingEngine:
                 self.metrics.finish(req, "abandoned")
                 req.on_finish("abandoned")
 
+    def _round(self, group: _Group, live: int, rows: int) -> tuple[int, int]:
+        """(drafts a row, positions a round; 0: every row's drafts) of a chunk over `rows` rows of which `live` are
+        live: `ServeConfig.chunk_round`, the budget at least the rows (only live rows take positions)."""
+        width, budget = self.cfg.chunk_round(self.drafter, live, self.model.cfg.pack_weights)
+        width = min(width, group.plan.draft_len)
+        return width, max(min(budget, rows * (width + 1)), rows) if budget and width else 0
+
     def _chunk(self, group: _Group) -> None:
-        """One chunk on the group's pool, at the width that pays for its live rows; tokens out, finished rows
+        """One chunk on the group's pool, at the round that pays for its live rows; tokens out, finished rows
         collected."""
         live = group.live()
-        width = min(self.cfg.draft_width(self.drafter, live, self.model.cfg.pack_weights), group.plan.draft_len)
-        done, num_out = group.engine.chunk(None if width == group.plan.draft_len else width, group.compact())
-        self.metrics.chunks[width] += 1
+        rows = group.compact()
+        width, budget = self._round(group, live, rows)
+        done, num_out = group.engine.chunk(None if width == group.plan.draft_len else width, rows, budget)
+        self.metrics.chunks[width, budget] += 1
         pool = group.engine.pool
         out = np.asarray(pool.out)
         ended = []

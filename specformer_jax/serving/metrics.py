@@ -45,7 +45,7 @@ class ServerMetrics:
         self.prompt_tokens = self.completion_tokens = 0
         self.rounds = self.round_tokens = 0
         self.compile_seconds = 0.0
-        self.chunks: collections.Counter = collections.Counter()  # by the drafts each verified
+        self.chunks: collections.Counter = collections.Counter()  # by (drafts a row, verify budget; 0: none)
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
         self.per_token = Histogram(TOKEN_GAP_BUCKETS)
@@ -84,7 +84,7 @@ class ServerMetrics:
                   f"# TYPE {p}_mean_accepted_length gauge",
                   f"{p}_mean_accepted_length {self.round_tokens / max(self.rounds, 1):.4f}",
                   f"# TYPE {p}_chunks_total counter"]
-        lines += [f'{p}_chunks_total{{drafts="{w}"}} {n}' for w, n in sorted(self.chunks.items())]
+        lines += [f'{p}_chunks_total{{drafts="{w}",budget="{b}"}} {n}' for (w, b), n in sorted(self.chunks.items())]
         lines += [f"# TYPE {p}_compile_seconds_total counter", f"{p}_compile_seconds_total {self.compile_seconds:.3f}"]
         for name, hist in (("time_to_first_token_seconds", self.ttft), ("request_seconds", self.latency),
                            ("time_per_output_token_seconds", self.per_token)):

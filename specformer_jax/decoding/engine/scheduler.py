@@ -87,11 +87,11 @@ class Engine:
         args = (self.params, self.source, self.pool, *block)
         self.pool = self._compiled(insert, args, donate=(2,))(*args)
 
-    def chunk_function(self, width: int | None = None, rows: int | None = None):
+    def chunk_function(self, width: int | None = None, rows: int | None = None, budget: int | Sizes | None = None):
         """(the compiled chunk `chunk` runs for these arguments, its arguments): compiled now if it was not."""
         args = (self.params, self.source, self.accept, self.pool)
         width = self.width if width is None else width
-        budget = self.budget if width else ()
+        budget = (self.budget if budget is None else budget_sizes(budget)) if width else ()
         if rows is not None and rows < self.pool.done.shape[0]:
             static = (self.rounds, width, rows, budget)
             return self._compiled(run_first_rows, args, static=static, donate=(3,)), args
@@ -140,12 +140,14 @@ class Engine:
         args = (self.pool, slots if self.mesh is None else jax.device_put(slots, replicated(self.mesh)))
         self.pool = self._compiled(cancel_rows, args, donate=(0,))(*args)
 
-    def chunk(self, width: int | None = None, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def chunk(self, width: int | None = None, rows: int | None = None,
+              budget: int | Sizes | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Run a chunk; returns each slot's done flag and token count, and sets the width of the next chunk to the
         one its live rows need (chunk.py: `run_chunk`). width: verify this many drafts instead (at most the plan's;
         0 on a speculative pool: plain steps that do not draft, `run_plain_chunk`); rows: over the pool's first
-        rows only (`run_first_rows`; the others must be done)."""
-        fn, args = self.chunk_function(width, rows)
+        rows only (`run_first_rows`; the others must be done); budget: positions a round verifies instead of the
+        engine's (0: every row's drafts)."""
+        fn, args = self.chunk_function(width, rows, budget)
         self.pool = fn(*args)
         if len(self.widths) == 1 or width is not None:
             return jax.device_get((self.pool.done, self.pool.num_out))
