@@ -104,4 +104,5 @@ def draft_len_defaults_text() -> str:
                         for kind, table in CPU_VERIFY_BUDGETS.items())
     return (f"every trained slot on a GPU/TPU ({ACCELERATOR_NGRAM_DRAFTS} for ngram); on a CPU: {cpu}, plain decoding "
             "at other batch sizes; 1 on a CPU without its kernels (a bfloat16 model, a mesh)"
-            + (f"; in place of those, generate and bench verify a budget on a CPU: {budgets}" if budgets else ""))
+            + (f"; in place of those, generate, bench and serve verify a budget on a CPU: {budgets}"
+               if budgets else ""))

@@ -66,7 +66,8 @@ def test_requests_arriving_mid_flight_decode_as_alone(model, drafter):  # noqa: 
 def test_three_or_four_live_requests_verify_the_default_budget_and_decode_as_alone(model):  # noqa: F811
     """With three or four rows live, a chunk runs the round `generate` runs for that batch on a CPU with its kernels
     (defaults.CPU_VERIFY_BUDGETS: 2 drafts a row, 8 positions a round); with fewer, whole draft lengths."""
-    assert model.use_decoding_layout(4).cfg.pack_weights  # the CPU kernels: where the budget is the default
+    if not model.use_decoding_layout(4).cfg.pack_weights:
+        pytest.skip("the default budget is measured for the CPU kernels, which are not in use here")
     engine = ServingEngine(model, resolve_drafter("random", model), ServeConfig(slots=4, context=96, draft_len=None,
                                                                                 chunk_rounds=2, max_queue=16)).start()
     answers = [Answer() for _ in PROMPTS[:6]]
@@ -105,8 +106,9 @@ def test_abandoned_request_frees_its_slot_and_a_full_queue_refuses(model):  # no
 
 
 @pytest.mark.slow  # CI time: test_serve.py's server warms up first
-def test_compiled_ahead_nothing_compiles_while_serving(model):  # noqa: F811
-    engine = ServingEngine(model, resolve_drafter("random", model),
+@pytest.mark.parametrize("drafter", ["random", "ngram"])  # ngram: its chunks narrow to what its rows' matches need
+def test_compiled_ahead_nothing_compiles_while_serving(model, drafter):  # noqa: F811
+    engine = ServingEngine(model, resolve_drafter(drafter, model),
                            ServeConfig(slots=4, context=96, draft_len=None, chunk_rounds=2, max_queue=16))
     engine.compile_ahead()
     ahead = engine.metrics.compile_seconds

@@ -151,8 +151,9 @@ class ServingEngine:
         P, k = self.cfg.slots, group.plan.draft_len
         counts = [1 << i for i in range(P.bit_length()) if 1 << i < P] + [P]  # what Engine.fill, compact use
         lens = [n for n in (32, 64, 128, 256) if n <= min(self.cfg.context, COMPILE_AHEAD_PROMPT)]
-        jobs = [(group.engine.chunk_function, (None if w == k else w, rows, b)) for rows in counts
-                for w, b in sorted({self._round(group, n, rows) for n in range(1, rows + 1)})]
+        jobs = [(group.engine.chunk_function, (width, rows, b)) for rows in counts
+                for w, b in sorted({self._round(group, n, rows) for n in range(1, rows + 1)})
+                for width in (group.engine.widths if w == k else (w,))]  # at k: whichever its live rows need
         jobs += [(group.engine.compile_fill, (b, n)) for b in counts for n in lens]
         jobs += [(group.engine.move, ([P] * m, [P] * m)) for m in counts[:-1]]  # moves nothing: compiles
         for i, (fn, args) in enumerate(jobs):
