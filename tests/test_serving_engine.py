@@ -32,6 +32,19 @@ class Answer:
         self.done.set()
 
 
+def served(engine: ServingEngine, prompts) -> list[Answer]:
+    """The prompts (with BUDGETS) submitted to the started engine at once; their answers when all are done, the engine
+    stopped."""
+    answers = [Answer() for _ in prompts]
+    try:
+        for a, p, b in zip(answers, prompts, BUDGETS):
+            engine.submit(a.request(p, b))
+        assert all(a.done.wait(300) for a in answers)
+    finally:
+        engine.stop()
+    return answers
+
+
 # CI time: test_serve.py's sixteen concurrent streams on the real server equal plain decoding in `make test`
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["random", None])
@@ -70,13 +83,7 @@ def test_three_or_four_live_requests_verify_the_default_budget_and_decode_as_alo
         pytest.skip("the default budget is measured for the CPU kernels, which are not in use here")
     engine = ServingEngine(model, resolve_drafter("random", model), ServeConfig(slots=4, context=96, draft_len=None,
                                                                                 chunk_rounds=2, max_queue=16)).start()
-    answers = [Answer() for _ in PROMPTS[:6]]
-    try:
-        for a, p, b in zip(answers, PROMPTS, BUDGETS):
-            engine.submit(a.request(p, b))
-        assert all(a.done.wait(300) for a in answers)
-    finally:
-        engine.stop()
+    answers = served(engine, PROMPTS[:6])
     assert all(a.ids == plain_alone(model, p, b) for a, p, b in zip(answers, PROMPTS, BUDGETS))
     rounds = set(engine.metrics.chunks)
     assert (2, 8) in rounds and any(w and not b for w, b in rounds), rounds
@@ -112,13 +119,6 @@ def test_compiled_ahead_nothing_compiles_while_serving(model, drafter):  # noqa:
                            ServeConfig(slots=4, context=96, draft_len=None, chunk_rounds=2, max_queue=16))
     engine.compile_ahead()
     ahead = engine.metrics.compile_seconds
-    engine.start()
-    answers = [Answer() for _ in PROMPTS]
-    try:
-        for a, p, b in zip(answers, PROMPTS, BUDGETS):
-            engine.submit(a.request(p, b))
-        assert all(a.done.wait(300) for a in answers)
-    finally:
-        engine.stop()
+    answers = served(engine.start(), PROMPTS)
     assert ahead > 0 and engine.metrics.compile_seconds == ahead
     assert all(a.ids == plain_alone(model, p, b) for a, p, b in zip(answers, PROMPTS, BUDGETS))
