@@ -31,7 +31,12 @@ from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.drafts import kinds
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.scheduler import Engine
-from specformer_jax.decoding.tuning.draft_len import default_budgeted_round, default_draft_len, hybrid_model_len
+from specformer_jax.decoding.tuning.draft_len import (
+    checked_verify_budget,
+    default_budgeted_round,
+    default_draft_len,
+    hybrid_model_len,
+)
 from specformer_jax.errors import SpecformerError
 from specformer_jax.serving.metrics import ServerMetrics
 
@@ -277,10 +282,11 @@ class ServingEngine:
 
     def _round(self, group: _Group, live: int, rows: int) -> tuple[int, int]:
         """(drafts a row, positions a round; 0: every row's drafts) of a chunk over `rows` rows of which `live` are
-        live: `ServeConfig.chunk_round`, the budget at least the rows (only live rows take positions)."""
+        live: `ServeConfig.chunk_round`, the budget raised to the rows (only live rows take positions) and held to
+        the chunk's positions as `generate`'s is (`checked_verify_budget`)."""
         width, budget = self.cfg.chunk_round(self.drafter, live, self.model.cfg.pack_weights)
         width = min(width, group.plan.draft_len)
-        return width, max(min(budget, rows * (width + 1)), rows) if budget and width else 0
+        return width, checked_verify_budget(max(budget, rows) if budget else 0, width, rows)
 
     def _chunk(self, group: _Group) -> None:
         """One chunk on the group's pool, at the round that pays for its live rows; tokens out, finished rows
