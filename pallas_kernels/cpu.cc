@@ -6,7 +6,8 @@
 //   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
 //              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
 //              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
-//              the panels of its transpose).
+//              the panels of its transpose). Panels come in float32 or bfloat16 (a drafter's weights, stored in
+//              bfloat16: half the bytes to read, the same sums).
 //   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] with per-row lengths,
 //              causal with an offset or bidirectional, with an optional sliding window; query row b reads cache
 //              row rows[b] (a pool's first rows, or the flat layout of a verify pass: consecutive query rows of
@@ -28,6 +29,10 @@
 #include <memory>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -136,16 +141,31 @@ void run_units(ffi::ThreadPool& pool, int units, int64_t work, std::function<voi
 // Matrix products
 //===--------------------------------------------------------------------------------------------------------===//
 
-// R rows of x (row stride K) times one panel [K, 32] -> R x 32 outputs (row stride N).
-template <int R>
-void panel_tile(const float* __restrict x, int K, const float* __restrict panel, float* __restrict y, int N) {
+typedef uint16_t bf16vec __attribute__((vector_size(32)));  // 16 bfloat16 values
+
+// 16 weights as float32: float32 panels as they are, bfloat16 ones widened (exactly: their bits moved up 16).
+inline vec load_weights(const float* p) { return load(p); }
+
+inline vec load_weights(const uint16_t* p) {
+  bf16vec h;
+  std::memcpy(&h, p, sizeof(h));
+  const ivec bits = __builtin_convertvector(h, ivec) << 16;
+  vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+// R rows of x (row stride K) times one panel [K, 32] -> R x 32 outputs (row stride N). W: float (float32 panels)
+// or uint16_t (bfloat16 panels, half the bytes to read; the sums are the same as of the widened float32 panels).
+template <int R, typename W>
+void panel_tile(const float* __restrict x, int K, const W* __restrict panel, float* __restrict y, int N) {
   vec acc[R][2];
   for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
   for (int k = 0; k < K; ++k) {
-    const float* w = panel + static_cast<size_t>(k) * kPanel;
+    const W* w = panel + static_cast<size_t>(k) * kPanel;
     __builtin_prefetch(w + kPrefetchRows * kPanel);
     __builtin_prefetch(w + kPrefetchRows * kPanel + kLanes);
-    const vec w0 = load(w), w1 = load(w + kLanes);
+    const vec w0 = load_weights(w), w1 = load_weights(w + kLanes);
     for (int m = 0; m < R; ++m) {
       const float s = x[static_cast<size_t>(m) * K + k];
       acc[m][0] += s * w0;
@@ -159,8 +179,8 @@ void panel_tile(const float* __restrict x, int K, const float* __restrict panel,
 }
 
 // Tiles of a compile-time height R, the last one `rows` high (dispatch by recursion on R).
-template <int R>
-void panel_rows(int rows, const float* x, int K, const float* panel, float* y, int N) {
+template <int R, typename W>
+void panel_rows(int rows, const float* x, int K, const W* panel, float* y, int N) {
   if constexpr (R > 1) {
     if (rows < R) return panel_rows<R - 1>(rows, x, K, panel, y, N);
   }
@@ -168,7 +188,8 @@ void panel_rows(int rows, const float* x, int K, const float* panel, float* y, i
 }
 
 // Panels [p0, p1) of W against every tile of x rows (each panel read once from memory).
-void packed_units(const float* x, int M, int K, const float* w, float* y, int N, int p0, int p1) {
+template <typename W>
+void packed_units(const float* x, int M, int K, const W* w, float* y, int N, int p0, int p1) {
   for (int p = p0; p < p1; ++p)
     for (int m0 = 0; m0 < M; m0 += kPanelRows)
       panel_rows<kPanelRows>(std::min(kPanelRows, M - m0), x + static_cast<size_t>(m0) * K, K,
@@ -176,7 +197,8 @@ void packed_units(const float* x, int M, int K, const float* w, float* y, int N,
                              N);
 }
 
-ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+template <ffi::DataType T>
+ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> panels,
                         ffi::ResultBuffer<ffi::F32> y) {
   const auto wd = panels.dimensions();
   if (wd.size() != 3u || wd[2] != kPanel) {
@@ -192,7 +214,8 @@ ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   float* out = y->typed_data();
   if (K == 0) std::memset(out, 0, sizeof(float) * y->element_count());
   if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
-  const float *xs = x.typed_data(), *ws = panels.typed_data();
+  const float* xs = x.typed_data();
+  const auto* ws = panels.typed_data();
   run_units(pool, N / kPanel, static_cast<int64_t>(M) * K * N,
             [=](int u0, int u1) { packed_units(xs, M, K, ws, out, N, u0, u1); });
   return ffi::Error::Success();
@@ -211,10 +234,18 @@ struct AttentionShape {
 
 // Softmax of scores[lo, hi) in place (those outside the range are never read); returns the sum of the exponentials.
 float softmax_range(float* s, int lo, int hi) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int j = lo; j < hi; ++j) m = std::max(m, s[j]);
-  vec total{};
+  const float lowest = -std::numeric_limits<float>::infinity();
+  vec top = splat(lowest);
   int j = lo;
+  for (; j + kLanes <= hi; j += kLanes) {
+    const vec x = load(s + j);
+    top = x > top ? x : top;
+  }
+  float m = lowest;
+  for (int i = 0; i < kLanes; ++i) m = std::max(m, top[i]);
+  for (; j < hi; ++j) m = std::max(m, s[j]);
+  vec total{};
+  j = lo;
   for (; j + kLanes <= hi; j += kLanes) {
     const vec e = exp_nonpositive(load(s + j) - splat(m));
     store(s + j, e);
@@ -237,6 +268,41 @@ inline void key_range(const AttentionShape& a, int length, int t, int* lo, int* 
   *lo = a.window > 0 ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(pos - a.window + 1, 0), *hi)) : 0;
 }
 
+// block [D, 16] = keys kb [n, D] (n <= 16) transposed, the lanes of missing keys zero. With AVX-512, 16 x 16 at a
+// time in registers (four rounds of lane shuffles); elsewhere element by element.
+void transpose_keys(const float* kb, int n, int D, float* block) {
+#if defined(__AVX512F__)
+  for (int d0 = 0; d0 < D; d0 += kLanes) {
+    __m512 r[kLanes], t[kLanes];
+    for (int i = 0; i < kLanes; ++i)
+      r[i] = i < n ? _mm512_loadu_ps(kb + static_cast<size_t>(i) * D + d0) : _mm512_setzero_ps();
+    for (int i = 0; i < kLanes; i += 2) {  // pairs of keys, element by element
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < kLanes; i += 4) {  // fours of keys, pairs of elements
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int h = 0; h < kLanes; h += 8)  // eights of keys, 128-bit lanes
+      for (int i = 0; i < 4; ++i) {
+        t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+        t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+      }
+    for (int i = 0; i < 8; ++i) {  // all 16 keys
+      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < kLanes; ++i) _mm512_storeu_ps(block + static_cast<size_t>(d0 + i) * kLanes, r[i]);  // row d
+  }
+#else
+  for (int d = 0; d < D; ++d)
+    for (int i = 0; i < kLanes; ++i) block[d * kLanes + i] = i < n ? kb[static_cast<size_t>(i) * D + d] : 0.0f;
+#endif
+}
+
 // Scores of R query rows against 16 keys held transposed in `block` [D, 16]: R independent sums per lane.
 template <int R>
 void score_rows(const float* const* rows, const float* block, int D, float scale, float* const* out, int n) {
@@ -250,6 +316,17 @@ void score_rows(const float* const* rows, const float* block, int D, float scale
     acc[r] *= splat(scale);
     std::memcpy(out[r], &acc[r], sizeof(float) * n);
   }
+}
+
+constexpr int kScoreRows = 8;  // query rows scored together against a block of keys
+
+// score_rows for `rows` <= R rows (dispatch by recursion on R).
+template <int R>
+void score_tile(int rows, const float* const* q, const float* block, int D, float scale, float* const* out, int n) {
+  if constexpr (R > 1) {
+    if (rows < R) return score_tile<R - 1>(rows, q, block, D, scale, out, n);
+  }
+  score_rows<R>(q, block, D, scale, out, n);
 }
 
 // out[r][0, 16 NV) = sum over keys j in [lo, hi) of p[r][j - j0] * v_j[0, 16 NV): R rows' sums in registers, each
@@ -299,29 +376,20 @@ void attention_unit(const AttentionShape& a, const float* q, const float* kh, co
   float* block = acc + static_cast<size_t>(rows) * D;               // [D, 16]: 16 keys, transposed
   const float* qh = q + static_cast<size_t>(h) * G * D;
   auto query = [&](int r) { return qh + (static_cast<size_t>(r / G) * a.H + r % G) * D; };
-  const float* rows_q[kGroup];
-  float* rows_out[kGroup];
+  const float* rows_q[kScoreRows];
+  float* rows_out[kScoreRows];
   for (int jb = j0; jb < j1; jb += kLanes) {  // scores, 16 keys at a time: each key read once
     const int n = std::min(kLanes, j1 - jb);
-    const float* kb = kh + static_cast<size_t>(jb) * D;
-    for (int d = 0; d < D; ++d)
-      for (int i = 0; i < kLanes; ++i) block[d * kLanes + i] = i < n ? kb[static_cast<size_t>(i) * D + d] : 0.0f;
-    for (int t = 0; t < tokens; ++t) {
-      if (jb + n <= lo[t] || jb >= hi[t]) continue;  // none of these keys is visible to this token
-      for (int g0 = 0; g0 < G; g0 += kGroup) {
-        const int R = std::min(kGroup, G - g0);
-        for (int r = 0; r < R; ++r) {
-          rows_q[r] = query(t * G + g0 + r);
-          rows_out[r] = scores + static_cast<size_t>(t * G + g0 + r) * width + jb - j0;
-        }
-        switch (R) {
-          case 4: score_rows<4>(rows_q, block, D, a.scale, rows_out, n); break;
-          case 3: score_rows<3>(rows_q, block, D, a.scale, rows_out, n); break;
-          case 2: score_rows<2>(rows_q, block, D, a.scale, rows_out, n); break;
-          default: score_rows<1>(rows_q, block, D, a.scale, rows_out, n); break;
-        }
-      }
+    transpose_keys(kh + static_cast<size_t>(jb) * D, n, D, block);
+    int R = 0;  // the rows of every token that sees one of these keys, kScoreRows at a time
+    for (int r = 0; r < rows; ++r) {
+      const int t = r / G;
+      if (jb + n <= lo[t] || jb >= hi[t]) continue;
+      rows_q[R] = query(r);
+      rows_out[R++] = scores + static_cast<size_t>(r) * width + jb - j0;
+      if (R == kScoreRows) score_tile<kScoreRows>(R, rows_q, block, D, a.scale, rows_out, n), R = 0;
     }
+    if (R) score_tile<kScoreRows>(R, rows_q, block, D, a.scale, rows_out, n);
   }
   const float* rows_p[kGroup];
   for (int t = 0; t < tokens; ++t) {
@@ -409,11 +477,18 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerPackedMatmul, PackedMatmul,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerPackedMatmul, PackedMatmul<ffi::F32>,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerPackedMatmulBf16, PackedMatmul<ffi::BF16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecformerCachedAttention, CachedAttention,

@@ -6,7 +6,7 @@ whole weight matrix on every call; its attention copies each layer's cache out o
 cache position. The kernels read each weight, and each row's valid cache, once:
 
   packed_matmul(x, panels, n)  x [..., K] @ W [K, n], W held as column panels [P, K, PANEL] (`pack_columns`,
-                               done once when a model takes its decoding layout)
+                               done once when a model takes its decoding layout), float32 or bfloat16
   cached_attention(...)        new query tokens against one layer of a stacked KV cache (the dispatcher in
                                __init__.py, `ragged_attention`, calls it on CPUs)
 
@@ -35,7 +35,8 @@ from pallas_kernels.reference import ragged_attention_reference
 PANEL = 32  # columns per panel (kPanel in cpu.cc)
 SOURCE = Path(__file__).with_name("cpu.cc")
 # each kernel registered with XLA under the name of its handler symbol in cpu.cc
-_TARGETS = {"packed": "SpecformerPackedMatmul", "attention": "SpecformerCachedAttention"}
+_TARGETS = {"packed": "SpecformerPackedMatmul", "packed_bf16": "SpecformerPackedMatmulBf16",
+            "attention": "SpecformerCachedAttention"}
 _state: dict = {}  # "library": the loaded kernels once registered; "failure": why they could not be built
 
 
@@ -69,9 +70,11 @@ def packed_matmul_reference(x: jax.Array, panels: jax.Array, n: int) -> jax.Arra
 
 
 def packed_matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
-    """`packed_matmul_reference`, by the kernel where it runs (`on_kernel`)."""
+    """`packed_matmul_reference`, by the kernel where it runs (`on_kernel`): x float32, panels float32 or bfloat16
+    (read as such, summed in float32: the product of the panels widened to float32)."""
     reference = lambda x, panels: packed_matmul_reference(x, panels, n)
-    return on_kernel(lambda x, panels: _packed(x, panels)[..., :n], reference, x, panels)
+    usable = x.dtype == jnp.float32 and panels.dtype in (jnp.float32, jnp.bfloat16)
+    return on_kernel(lambda x, panels: _packed(x, panels)[..., :n], reference, x, panels, usable=usable)
 
 
 def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=None, scale=None, rows=None):
@@ -82,7 +85,7 @@ def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=Non
     flags = (bool(causal), int(sliding_window or 0), scale)
     reference = lambda q, k, v, lengths, layer, rows=None: ragged_attention_reference(
         q, k[layer], v[layer], lengths, causal=causal, sliding_window=sliding_window, scale=scale, rows=rows)
-    usable = q.shape[-1] % 16 == 0 and q.dtype == jnp.float32
+    usable = q.shape[-1] % 16 == 0 and all(a.dtype == jnp.float32 for a in (q, k, v))
     args = (q, k, v, lengths, jnp.asarray(layer, jnp.int32))
     if rows is None:
         return on_kernel(lambda *a: _attention(*flags, *a), reference, *args, usable=usable)
@@ -91,11 +94,13 @@ def cached_attention(q, k, v, lengths, layer, *, causal=True, sliding_window=Non
     return jax.lax.stop_gradient(out)
 
 
-def on_kernel(kernel, reference, *args, usable: bool = True):
-    """kernel(*args) where the kernels are built (`kernels_ready`) and the arrays float32 (and `usable`), else
-    reference(*args). Models call these only in their CPU decoding layout (TargetConfig.pack_weights)."""
-    floats = [a for a in args if jnp.issubdtype(a.dtype, jnp.floating)]
-    if not (usable and kernels_ready() and all(a.dtype == jnp.float32 for a in floats)):
+def on_kernel(kernel, reference, *args, usable: bool | None = None):
+    """kernel(*args) where the kernels are built (`kernels_ready`) and the arrays are what the kernel takes (`usable`;
+    None: every floating array float32), else reference(*args). Models call these only in their CPU decoding layout
+    (TargetConfig.pack_weights)."""
+    if usable is None:
+        usable = all(a.dtype == jnp.float32 for a in args if jnp.issubdtype(a.dtype, jnp.floating))
+    if not (usable and kernels_ready()):
         return reference(*args)
     return kernel(*args)
 
@@ -163,14 +168,10 @@ def _cpu_features() -> str:
         return platform.processor()
 
 
-def _ffi(kind: str, x, w, n: int):
-    out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
-    return jax.ffi.ffi_call(_TARGETS[kind], out)(x, w)
-
-
 @jax.custom_vjp
 def _packed(x, panels):
-    return _ffi("packed", x, panels, panels.shape[0] * PANEL)
+    out = jax.ShapeDtypeStruct(x.shape[:-1] + (panels.shape[0] * PANEL,), jnp.float32)
+    return jax.ffi.ffi_call(_TARGETS["packed_bf16" if panels.dtype == jnp.bfloat16 else "packed"], out)(x, panels)
 
 
 def _packed_fwd(x, panels):

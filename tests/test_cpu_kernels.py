@@ -1,6 +1,6 @@
 """The CPU kernels (pallas_kernels/cpu.cc, built on first use) against numpy in float64 and the jnp references: the
 packed and rows matrix products (any shape, leading dimensions, a row's product the same bit for bit however many
-rows come with it, gradients), and what decoding does where they cannot be built (a one-line note, XLA's matmuls,
+rows come with it, bfloat16 panels, gradients), and what decoding does where they cannot be built (a one-line note, XLA's matmuls,
 the same tokens), a drafter packed as the target is. The attention kernel is held against the reference with the other
 kernels in test_kernels.py."""
 
@@ -65,6 +65,32 @@ def test_a_rows_product_does_not_depend_on_the_other_rows():
     packed = jax.jit(cpu.packed_matmul, static_argnums=2)
     for m in (1, 2, 5, 8, 9, 16):
         np.testing.assert_array_equal(packed(x[:m], panels, 960)[0], packed(x[:1], panels, 960)[0])
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_bfloat16_panels_give_the_float32_panels_sums(M, K, N):
+    """Panels in bfloat16 (a drafter's weights, `pack_drafter`) are read as such and widened exactly: the product is
+    bitwise that of the same values in float32 panels, and the reference's within rounding."""
+    x, w = random((M, K), 0), random((K, N), 1).astype(jnp.bfloat16)
+    packed = jax.jit(cpu.packed_matmul, static_argnums=2)
+    narrow = packed(x, cpu.pack_columns(w), N)
+    np.testing.assert_array_equal(narrow, packed(x, cpu.pack_columns(w.astype(jnp.float32)), N))
+    np.testing.assert_allclose(narrow, cpu.packed_matmul_reference(x, cpu.pack_columns(w), N), rtol=1e-5,
+                               atol=1e-4 * np.sqrt(K))
+    assert narrow.dtype == jnp.float32
+
+
+def test_a_drafter_packs_in_bfloat16_only_where_that_loses_nothing():
+    target = TargetConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
+                          num_kv_heads=2)
+    weights = init_drafter(target, DrafterConfig(num_slots=4), jax.random.key(0)).weights
+    as_stored = jax.tree.map(lambda w: w.astype(jnp.bfloat16).astype(jnp.float32), weights)  # a drafter's file
+    packed = lambda p: isinstance(p, dict) and "panels" in p
+    dtypes = lambda tree: {p["panels"].dtype for p in jax.tree.leaves(tree, is_leaf=packed) if packed(p)}
+    assert dtypes(pack_drafter(as_stored)) == {jnp.dtype(jnp.bfloat16)}
+    assert dtypes(pack_drafter(jax.tree.map(lambda w: w + 1e-4, as_stored))) == {jnp.dtype(jnp.float32)}
+    traced = jax.eval_shape(pack_drafter, as_stored)  # values unknown: kept as they are
+    assert dtypes(traced) == {jnp.dtype(jnp.float32)}
 
 
 def test_gradients_are_the_references():

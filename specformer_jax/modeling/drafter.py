@@ -157,15 +157,27 @@ def apply_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, params: DrafterP
 def pack_drafter(weights: dict) -> dict:
     """A drafter's weights in the layout of `Drafter(..., packed=True)`: every dense kernel as column panels for the
     CPU kernels (pallas_kernels.cpu.pack_columns), the SwiGLU's gate and up in one ("gate_up", as the target's
-    packed layers). A copy: made once per decoding call (decoding/draft_source.py, `bind`)."""
+    packed layers). A copy: made once per decoding call (decoding/draft_source.py, `bind`).
+
+    Panels whose values bfloat16 holds exactly (a drafter's file stores them in bfloat16) are kept in bfloat16: the
+    kernel reads half the bytes and sums the same float32 values, so the drafts are bitwise those of float32 panels.
+    Under a trace the values are unknown, and the panels stay in the weights' dtype."""
     def one(p):
         if "kernel" not in p:
             return {n: one(q) for n, q in p.items()} if all(isinstance(q, dict) for q in p.values()) else p
-        return {"panels": pack_columns(p["kernel"]), **({"bias": p["bias"]} if "bias" in p else {})}
+        return {"panels": _narrowed(pack_columns(p["kernel"])), **({"bias": p["bias"]} if "bias" in p else {})}
 
     ffn = dict(weights["ffn"])
     ffn["gate_up"] = {"kernel": jnp.concatenate([ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]], axis=1)}
     return one({**weights, "ffn": ffn})
+
+
+def _narrowed(w: jax.Array) -> jax.Array:
+    """w in bfloat16 where that loses nothing, else w."""
+    if isinstance(w, jax.core.Tracer) or w.dtype != jnp.float32:
+        return w
+    narrow = w.astype(jnp.bfloat16)
+    return narrow if bool(jnp.array_equal(narrow.astype(w.dtype), w)) else w
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
