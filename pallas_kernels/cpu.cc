@@ -44,7 +44,7 @@ typedef float vec __attribute__((vector_size(64)));    // 16 floats: one AVX-512
 typedef int32_t ivec __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
-constexpr int kPanelRows = 8;        // rows of x per register tile in the packed kernel
+constexpr int kPanelRows = 14;       // rows of x per register tile in the packed kernel: 28 sums, 2 weights, 1 x
 constexpr int kPrefetchRows = 16;    // panel rows (128 bytes each) read ahead
 constexpr int64_t kInlineWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread alone
 
