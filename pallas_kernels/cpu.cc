@@ -4,7 +4,8 @@
 // weights and of the valid cache, whatever the number of rows.
 //
 //   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
-//              by row), so a panel streams contiguously while M x 32 sums stay in registers. XLA's own CPU matmuls
+//              by row), so a panel streams contiguously while the sums of up to 14 rows of x stay in registers
+//              (a pass of up to 14 rows reads each weight from memory once). XLA's own CPU matmuls
 //              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
 //              the panels of its transpose). Panels come in float32 or bfloat16 (a drafter's weights, stored in
 //              bfloat16: half the bytes to read, the same sums).

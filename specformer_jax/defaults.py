@@ -64,10 +64,14 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # positions) ran 1.10x; at batch 3, 2 under 8 1.24x (the uniform k = 2 ran 1.14x in draft_len_cpu_v14_b3458);
     # at batch 5 and 6 1.11x and 1.03x, no better than k = 1 and plain; at batch 2, 3 drafts under 8 ran 1.29x
     # against the uniform k = 2's 1.33x; at batch 8 budgets of 12 and 16 ran 0.99x and 0.91x, at batch 16 20 and
-    # 24 ran 0.94x and 0.90x, so those decode plainly.
+    # 24 ran 0.94x and 0.90x, so those decode plainly. Again with the kernel's 14-row tiles (tile14_sweep, 3 pairs
+    # each): batch 8 under 12 and 14 positions 0.99x and 1.04x, batch 4 3 drafts under 12 1.22x, batch 16 under 28
+    # 0.85x, batch 2 with 3 and 4 drafts 1.28x and 1.10x: none beyond the noise, so the table stands.
     "CPU_VERIFY_BUDGETS": tuple(_RESULTS + f"verify_budget_cpu_{name}.json" for name in (
         "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8",
-        "auto_k2", "k2_plus4_b248")),  # the last two: a budget per round from measured costs did not beat the table
+        "auto_k2", "k2_plus4_b248"))  # these two: a budget per round from measured costs did not beat the table
+    + tuple(f"{_RESULTS}tile14_sweep/{name}.json" for name in (
+        "b8_k2_12", "b8_k2_14", "b8_k3_14", "b4_k2", "b4_k3_12", "b16_k2_28", "b2_k3", "b2_k4")),
     "NGRAM_DRAFT_CONFIDENCE": (),
     # On a CPU: the rounds a larger R wastes after a request finished (tokens/s was noise there); GPU timings of R
     # are not committed.

@@ -1,8 +1,8 @@
 """The CPU kernels (pallas_kernels/cpu.cc, built on first use) against numpy in float64 and the jnp references: the
 packed and rows matrix products (any shape, leading dimensions, a row's product the same bit for bit however many
-rows come with it, bfloat16 panels, gradients), and what decoding does where they cannot be built (a one-line note, XLA's matmuls,
-the same tokens), a drafter packed as the target is. The attention kernel is held against the reference with the other
-kernels in test_kernels.py."""
+rows come with it, bfloat16 panels, gradients), and what decoding does where they cannot be built (a one-line note,
+XLA's matmuls, the same tokens), a drafter packed as the target is. The attention kernel is held against the
+reference with the other kernels in test_kernels.py."""
 
 from __future__ import annotations
 

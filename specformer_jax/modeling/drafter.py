@@ -174,10 +174,14 @@ def pack_drafter(weights: dict) -> dict:
 
 def _narrowed(w: jax.Array) -> jax.Array:
     """w in bfloat16 where that loses nothing, else w."""
-    if isinstance(w, jax.core.Tracer) or w.dtype != jnp.float32:
+    if w.dtype != jnp.float32:
         return w
     narrow = w.astype(jnp.bfloat16)
-    return narrow if bool(jnp.array_equal(narrow.astype(w.dtype), w)) else w
+    try:
+        exact = bool(jnp.array_equal(narrow.astype(w.dtype), w))
+    except jax.errors.ConcretizationTypeError:  # under a trace
+        return w
+    return narrow if exact else w
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:

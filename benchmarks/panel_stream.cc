@@ -1,0 +1,136 @@
+// What a decoding step's matrix products cost on this CPU as the rows grow, outside XLA: the packed-panel product of
+// pallas_kernels/cpu.cc (the same register tile) over the default model's weight shapes (30 layers' q/k/v, o,
+// gate/up and down, and the LM head: 538 MB of float32 panels, values arbitrary), split over two threads by panels.
+// Three ways, interleaved, medians of 8 timed rounds:
+//   tile8     register tiles of 8 rows (the kernel before 2026-11-29)
+//   tile14    register tiles of 14 rows (the kernel since)
+//   compute   tiles of 8 rows, every product reading one small panel that stays cached: the arithmetic alone
+// A pass whose time is tile8's memory pass (rows = 1) plus the compute column's growth adds its arithmetic to the
+// weight stream rather than hiding it under it; one tile of 14 reads the stream once for up to 14 rows.
+//
+//   g++ -O3 -march=native -std=gnu++17 -pthread benchmarks/panel_stream.cc -o /tmp/panel_stream
+//   /tmp/panel_stream > benchmarks/results/panel_stream_cpu.json
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+typedef float vec __attribute__((vector_size(64)));
+constexpr int kLanes = 16, kPanel = 32, kAhead = 16 * kPanel;
+
+inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+template <int R>
+void tile(const float* __restrict x, int K, const float* __restrict panel, float* __restrict y, int N) {
+  vec acc[R][2];
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
+  for (int k = 0; k < K; ++k) {
+    const float* w = panel + static_cast<size_t>(k) * kPanel;
+    __builtin_prefetch(w + kAhead);
+    __builtin_prefetch(w + kAhead + kLanes);
+    const vec w0 = load(w), w1 = load(w + kLanes);
+    for (int m = 0; m < R; ++m) {
+      const float s = x[static_cast<size_t>(m) * K + k];
+      acc[m][0] += s * w0;
+      acc[m][1] += s * w1;
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    store(y + static_cast<size_t>(m) * N, acc[m][0]);
+    store(y + static_cast<size_t>(m) * N + kLanes, acc[m][1]);
+  }
+}
+
+template <int R>
+void rows(int r, const float* x, int K, const float* panel, float* y, int N) {
+  if constexpr (R > 1) {
+    if (r < R) return rows<R - 1>(r, x, K, panel, y, N);
+  }
+  tile<R>(x, K, panel, y, N);
+}
+
+struct Matrix { int K, N; std::vector<float> panels; };
+enum Way { kTile8, kTile14, kCompute, kWays };
+const char* kNames[kWays] = {"tile8", "tile14", "compute"};
+
+void product(Way way, const float* x, int M, const Matrix& w, const float* cached, float* y, int p0, int p1) {
+  const int T = way == kTile14 ? 14 : 8;
+  for (int p = p0; p < p1; ++p)
+    for (int m0 = 0; m0 < M; m0 += T) {
+      const float* panel = way == kCompute ? cached : w.panels.data() + static_cast<size_t>(p) * w.K * kPanel;
+      const float* xs = x + static_cast<size_t>(m0) * w.K;
+      float* ys = y + static_cast<size_t>(m0) * w.N + p * kPanel;
+      if (T == 14) rows<14>(std::min(14, M - m0), xs, w.K, panel, ys, w.N);
+      else rows<8>(std::min(8, M - m0), xs, w.K, panel, ys, w.N);
+    }
+}
+
+// The second thread: runs `work` each time `generation` moves on, then reports it done.
+struct Helper {
+  std::atomic<int> generation{0}, finished{0};
+  std::function<void()> work;
+  std::thread thread{[this] {
+    for (int seen = 0;;) {
+      int g;
+      while ((g = generation.load(std::memory_order_acquire)) == seen) {}
+      if (g < 0) return;
+      work();
+      finished.store(seen = g, std::memory_order_release);
+    }
+  }};
+  void both(const std::function<void()>& mine, std::function<void()> theirs) {
+    work = std::move(theirs);
+    const int g = generation.load() + 1;
+    generation.store(g, std::memory_order_release);
+    mine();
+    while (finished.load(std::memory_order_acquire) != g) {}
+  }
+  ~Helper() { generation.store(-1); thread.join(); }
+};
+
+int main() {
+  const int shapes[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
+  std::vector<Matrix> matrices;
+  for (int layer = 0; layer < 30; ++layer)
+    for (const auto& s : shapes) matrices.push_back({s[0], s[1], std::vector<float>(size_t(s[0]) * s[1])});
+  matrices.push_back({576, 49152, std::vector<float>(576ul * 49152)});
+  for (auto& m : matrices)
+    for (size_t i = 0; i < m.panels.size(); ++i) m.panels[i] = float((i * 2654435761u) % 1000) * 1e-4f;
+  std::vector<float> cached(1536 * kPanel, 1e-3f), x(64 * 1536, 1e-2f), y(64 * 49152);
+  const int counts[] = {1, 4, 8, 12, 14, 16, 24, 64};
+  constexpr int kCounts = sizeof(counts) / sizeof(counts[0]);
+  std::vector<double> ms[kWays][kCounts];
+  Helper helper;
+  for (int round = 0; round < 9; ++round)  // the first untimed
+    for (int c = 0; c < kCounts; ++c)
+      for (int way = 0; way < kWays; ++way) {
+        const auto start = std::chrono::steady_clock::now();
+        for (const auto& m : matrices) {
+          const int panels = m.N / kPanel, half = panels / 2;
+          auto part = [&, way](int p0, int p1) {
+            product(Way(way), x.data(), counts[c], m, cached.data(), y.data(), p0, p1);
+          };
+          helper.both([&] { part(0, half); }, [&] { part(half, panels); });
+        }
+        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+        if (round) ms[way][c].push_back(took.count());
+      }
+  std::printf("{\n \"command\": \"g++ -O3 -march=native -std=gnu++17 -pthread benchmarks/panel_stream.cc && run\",\n");
+  std::printf(" \"unit\": \"ms per pass over every matrix, median of 8\",\n \"rows\": {\n");
+  for (int c = 0; c < kCounts; ++c) {
+    std::printf("  \"%d\": {", counts[c]);
+    for (int way = 0; way < kWays; ++way) {
+      auto v = ms[way][c];
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      std::printf("\"%s\": %.2f%s", kNames[way], v[v.size() / 2], way + 1 < kWays ? ", " : "");
+    }
+    std::printf("}%s\n", c + 1 < kCounts ? "," : "");
+  }
+  std::printf(" }\n}\n");
+}
