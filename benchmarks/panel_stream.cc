@@ -1,59 +1,22 @@
 // What a decoding step's matrix products cost on this CPU as the rows grow, outside XLA: the packed-panel product of
-// pallas_kernels/cpu.cc (the same register tile) over the default model's weight shapes (30 layers' q/k/v, o,
-// gate/up and down, and the LM head: 538 MB of float32 panels, values arbitrary), split over two threads by panels.
+// pallas_kernels/cpu.cc (included: its own register tiles, at two heights) over the default model's weight shapes
+// (30 layers' q/k/v, o, gate/up and down, and the LM head: 538 MB of float32 panels, values arbitrary), split over
+// two threads by panels.
 // Three ways, interleaved, medians of 8 timed rounds:
-//   tile8     register tiles of 8 rows (the kernel before 2026-11-29)
-//   tile14    register tiles of 14 rows (the kernel since)
+//   tile8     register tiles of 8 rows (kPanelRows before 2026-11-29)
+//   tile14    register tiles of 14 rows (kPanelRows since)
 //   compute   tiles of 8 rows, every product reading one small panel that stays cached: the arithmetic alone
 // A pass whose time is tile8's memory pass (rows = 1) plus the compute column's growth adds its arithmetic to the
 // weight stream rather than hiding it under it; one tile of 14 reads the stream once for up to 14 rows.
 //
-//   g++ -O3 -march=native -std=gnu++17 -pthread benchmarks/panel_stream.cc -o /tmp/panel_stream
+//   inc=$(.venv/bin/python -c 'import jax; print(jax.ffi.include_dir())')
+//   g++ -O3 -march=native -std=gnu++17 -pthread -w -I"$inc" benchmarks/panel_stream.cc -o /tmp/panel_stream
 //   /tmp/panel_stream > benchmarks/results/panel_stream_cpu.json
-#include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <thread>
 #include <vector>
 
-typedef float vec __attribute__((vector_size(64)));
-constexpr int kLanes = 16, kPanel = 32, kAhead = 16 * kPanel;
-
-inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
-
-template <int R>
-void tile(const float* __restrict x, int K, const float* __restrict panel, float* __restrict y, int N) {
-  vec acc[R][2];
-  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
-  for (int k = 0; k < K; ++k) {
-    const float* w = panel + static_cast<size_t>(k) * kPanel;
-    __builtin_prefetch(w + kAhead);
-    __builtin_prefetch(w + kAhead + kLanes);
-    const vec w0 = load(w), w1 = load(w + kLanes);
-    for (int m = 0; m < R; ++m) {
-      const float s = x[static_cast<size_t>(m) * K + k];
-      acc[m][0] += s * w0;
-      acc[m][1] += s * w1;
-    }
-  }
-  for (int m = 0; m < R; ++m) {
-    store(y + static_cast<size_t>(m) * N, acc[m][0]);
-    store(y + static_cast<size_t>(m) * N + kLanes, acc[m][1]);
-  }
-}
-
-template <int R>
-void rows(int r, const float* x, int K, const float* panel, float* y, int N) {
-  if constexpr (R > 1) {
-    if (r < R) return rows<R - 1>(r, x, K, panel, y, N);
-  }
-  tile<R>(x, K, panel, y, N);
-}
+#include "../pallas_kernels/cpu.cc"
 
 struct Matrix { int K, N; std::vector<float> panels; };
 enum Way { kTile8, kTile14, kCompute, kWays };
@@ -66,8 +29,8 @@ void product(Way way, const float* x, int M, const Matrix& w, const float* cache
       const float* panel = way == kCompute ? cached : w.panels.data() + static_cast<size_t>(p) * w.K * kPanel;
       const float* xs = x + static_cast<size_t>(m0) * w.K;
       float* ys = y + static_cast<size_t>(m0) * w.N + p * kPanel;
-      if (T == 14) rows<14>(std::min(14, M - m0), xs, w.K, panel, ys, w.N);
-      else rows<8>(std::min(8, M - m0), xs, w.K, panel, ys, w.N);
+      if (T == 14) panel_rows<14>(std::min(14, M - m0), xs, w.K, panel, ys, w.N);
+      else panel_rows<8>(std::min(8, M - m0), xs, w.K, panel, ys, w.N);
     }
 }
 
@@ -121,7 +84,8 @@ int main() {
         const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
         if (round) ms[way][c].push_back(took.count());
       }
-  std::printf("{\n \"command\": \"g++ -O3 -march=native -std=gnu++17 -pthread benchmarks/panel_stream.cc && run\",\n");
+  std::printf("{\n \"command\": \"g++ -O3 -march=native -std=gnu++17 -pthread -w -I$inc benchmarks/panel_stream.cc"
+              " -o /tmp/panel_stream && /tmp/panel_stream\",\n");
   std::printf(" \"unit\": \"ms per pass over every matrix, median of 8\",\n \"rows\": {\n");
   for (int c = 0; c < kCounts; ++c) {
     std::printf("  \"%d\": {", counts[c]);
