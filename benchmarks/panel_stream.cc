@@ -14,6 +14,7 @@
 //   /tmp/panel_stream > benchmarks/results/panel_stream_cpu.json
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "../pallas_kernels/cpu.cc"
@@ -57,6 +58,21 @@ struct Helper {
   ~Helper() { generation.store(-1); thread.join(); }
 };
 
+// The CPU's model name (/proc/cpuinfo), for the result's record of its device.
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  char line[512];
+  std::string model = "unknown";
+  while (f && std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, "model name", 10) == 0) {
+      model = std::strchr(line, ':') + 2;
+      model.erase(model.find_last_not_of(" \n") + 1);
+      break;
+    }
+  if (f) std::fclose(f);
+  return model;
+}
+
 int main() {
   const int shapes[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
   std::vector<Matrix> matrices;
@@ -86,6 +102,8 @@ int main() {
       }
   std::printf("{\n \"command\": \"g++ -O3 -march=native -std=gnu++17 -pthread -w -I$inc benchmarks/panel_stream.cc"
               " -o /tmp/panel_stream && /tmp/panel_stream\",\n");
+  std::printf(" \"device\": \"%s\",\n \"cpu_count\": %u,\n \"compiler\": \"%s\",\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency(), __VERSION__);
   std::printf(" \"unit\": \"ms per pass over every matrix, median of 8\",\n \"rows\": {\n");
   for (int c = 0; c < kCounts; ++c) {
     std::printf("  \"%d\": {", counts[c]);
