@@ -7,6 +7,8 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from test_engine import BUDGETS, PROMPTS, N, plain_alone, run
 
@@ -15,12 +17,13 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
-from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts
+from specformer_jax.decoding.drafts.hybrid import Hybrid, HybridDrafts, takes_lookup
 from specformer_jax.decoding.drafts.kinds import draft_source, max_draft_len
-from specformer_jax.decoding.drafts.ngram import NgramDrafts
+from specformer_jax.decoding.drafts.ngram import NgramDrafts, expected_accepted, match_acceptance
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.decoding.tuning.draft_len import default_draft_len, hybrid_model_len
+from specformer_jax.defaults import NGRAM_ACCEPTANCE
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.drafter import init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter
@@ -63,6 +66,34 @@ def test_ngram_and_hybrid_drafts_are_lossless_on_a_refilled_pool(model, referenc
     the hybrid drafts past the drafter's 3 trained slots."""
     plan = make_plan(model, k, SamplingConfig(), N)
     assert run(plan, model, sources(model)[name], pool=3, rounds=4)[0] == reference
+
+
+def test_an_ngram_draft_is_valued_by_its_match_length():
+    """A looked-up draft's chance is the measured table's at the row's match length and slot: none without a match,
+    the last row past the table, the row's last value past its slots; the expected accepted drafts are the sums of
+    the chain's products (a loop here)."""
+    got = np.asarray(match_acceptance(jnp.asarray([0, 1, 4, 9]), 10))
+    table = np.asarray(NGRAM_ACCEPTANCE)
+    np.testing.assert_allclose(got[0], 0)
+    np.testing.assert_allclose(got[1, :8], table[0])
+    np.testing.assert_allclose(got[2, :8], table[3])
+    np.testing.assert_allclose(got[3], got[2])
+    np.testing.assert_allclose(got[1, 8:], table[0, -1])
+    chances = np.array([[0.9, 0.5, 0.5, 1.0], [0.2, 1.0, 1.0, 1.0]], np.float32)
+    for width in (1, 2, 3):
+        want = [sum(np.prod(row[: j + 1]) for j in range(width)) for row in chances]
+        np.testing.assert_allclose(np.asarray(expected_accepted(jnp.asarray(chances), width)), want, rtol=1e-6)
+
+
+def test_a_hybrid_row_takes_the_drafts_it_expects_more_of_accepted():
+    """At batch 1 on a CPU (the drafter's rows verify 3 drafts, the n-gram's 7): a row with no match, or a match
+    shorter than min_match, keeps its drafter's drafts; a long match beats a drafter of middling confidence; a match
+    of 2 tokens beats an unsure drafter but not a sure one."""
+    match = jnp.asarray([0, 1, 4, 2, 2])
+    mine = jnp.asarray([[0.1] * 7, [0.1] * 7, [0.6] * 7, [0.2] * 7, [0.99] * 7], jnp.float32)
+    use = takes_lookup(match, mine, match_acceptance(match, 7), (3, 7), min_match=2)
+    assert np.asarray(use).tolist() == [False, False, True, True, False]
+    assert np.asarray(takes_lookup(match, mine, match_acceptance(match, 7), (3, 7), min_match=1))[1]
 
 
 @pytest.mark.slow  # CI time: test_flat_verify.py counts a hybrid's rounds per source

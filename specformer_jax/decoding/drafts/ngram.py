@@ -14,7 +14,7 @@ from flax import struct
 
 from specformer_jax.checks import integer
 from specformer_jax.decoding.engine.plan import DecodePlan
-from specformer_jax.defaults import NGRAM_DRAFT_CONFIDENCE
+from specformer_jax.defaults import NGRAM_ACCEPTANCE
 
 MAX_NGRAM_DRAFTS = 16  # the most drafts per round an n-gram source may be asked for
 
@@ -73,6 +73,20 @@ def lookup(history: TokenHistory, k: int, max_n: int, min_n: int) -> tuple[jax.A
     return jnp.where(L[:, None] > 0, drafts, 0), n
 
 
+def match_acceptance(match: jax.Array, k: int) -> jax.Array:
+    """float32[B, k]: the chance that each of a row's k looked-up drafts is accepted given the drafts before it, by
+    the length of the row's match (int32[B]; 0: no match, so none), as measured in `NGRAM_ACCEPTANCE` (a match longer
+    than the table reads its last row, a slot past it the row's last value)."""
+    rows = [[0.0] * k] + [(list(r) + [r[-1]] * k)[:k] for r in NGRAM_ACCEPTANCE]
+    return jnp.asarray(rows, jnp.float32)[jnp.clip(match, 0, len(rows) - 1)]
+
+
+def expected_accepted(acceptance: jax.Array, width: int) -> jax.Array:
+    """float32[B]: drafts a row is expected to have accepted among its first `width`, from each draft's chance given
+    the drafts before it ([B, k]): the sum of the chances that the chain holds that far."""
+    return jnp.sum(jnp.cumprod(acceptance[:, :width], axis=1), axis=1)
+
+
 def point_mass(plan: DecodePlan, drafts: jax.Array) -> jax.Array:
     """q of drafts chosen deterministically: one at the draft (float32[B, k, V]), or the greedy placeholder."""
     if plan.sampling.greedy:
@@ -83,11 +97,11 @@ def point_mass(plan: DecodePlan, drafts: jax.Array) -> jax.Array:
 @struct.dataclass
 class NgramState:
     history: TokenHistory
-    origin: jax.Array  # int32[B]: 0 the row's drafts were looked up, 1 it found no match (its next round verifies none)
+    match: jax.Array  # int32[B]: the length of the row's match (0: none, and its next round verifies no draft)
 
     def write_rows(self, new: "NgramState", slots, lens, Tp: int) -> "NgramState":
         return NgramState(self.history.write_rows(new.history, slots, lens, Tp),
-                          self.origin.at[slots].set(new.origin, mode="drop"))
+                          self.match.at[slots].set(new.match, mode="drop"))
 
 
 @struct.dataclass
@@ -120,15 +134,14 @@ class NgramDrafts:
     def draft(self, plan: DecodePlan, hidden, state: NgramState, num_new, slots_at, next_tokens, keys):
         history = state.history.grow(num_new, next_tokens)
         drafts, n = lookup(history, plan.draft_len, self.max_n, self.min_n)
-        return drafts, point_mass(plan, drafts), NgramState(history, (n == 0).astype(jnp.int32))
+        return drafts, point_mass(plan, drafts), NgramState(history, n)
 
     def origin(self, state: NgramState) -> jax.Array:
-        return state.origin
+        return (state.match == 0).astype(jnp.int32)  # 0 "ngram", 1 "no_match"
 
     def confidence(self, plan: DecodePlan, drafts, q, state: NgramState):
-        """A prior per copied draft where the row's lookup matched, none where it did not."""
-        matched = state.origin == 0
-        return jnp.where(matched[:, None], NGRAM_DRAFT_CONFIDENCE, 0.0) * jnp.ones(drafts.shape, jnp.float32)
+        """Each copied draft's measured acceptance by the row's match length (`match_acceptance`); none without one."""
+        return match_acceptance(state.match, drafts.shape[1])
 
     def advance(self, plan: DecodePlan, state: NgramState, num_new, next_tokens) -> NgramState:
-        return NgramState(state.history.grow(num_new, next_tokens), state.origin)
+        return NgramState(state.history.grow(num_new, next_tokens), state.match)
