@@ -38,9 +38,10 @@ def add_parsers(sub) -> None:
                    help=f"'default' (shipped for the default model; by name {a.SHIPPED_NAMES}; with a random:NAME "
                         "model: 'random'), a drafter directory, 'ngram' (drafts looked up in the prompt and answer so "
                         "far: any model, no training; 'ngram:MIN-MAX' sets the n tried, default 1-4), 'default+ngram' "
-                        f"or 'DIR+ngram' (per row the n-gram drafts when {defaults.HYBRID_MIN_MATCH}+ tokens match, "
-                        "else the drafter's), 'random' (random weights, 8 slots: for speed) or 'none' for plain "
-                        "decoding; default: the shipped drafter when --model is default, else none")
+                        "or 'DIR+ngram' (per row the source whose drafts are expected to have more accepted; the "
+                        f"n-gram's need {defaults.HYBRID_MIN_MATCH}+ matching tokens), 'random' (random weights, 8 "
+                        "slots: for speed) or 'none' for plain decoding; default: the shipped drafter when --model "
+                        "is default, else none")
     p.add_argument("--draft-len", type=draft_len, default=None,
                    help="drafts per round: 1..trained slots (1..16 with ngram), 0 = off, or auto (a SpecFormer "
                         "drafter alone: chosen per batch size from measured costs); default: "

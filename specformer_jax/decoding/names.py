@@ -10,8 +10,9 @@ the same line.
     DIR               a drafter directory (drafter.json and params.safetensors); one that shares a name: ./NAME
     ngram             the n-gram lookup in each row's prompt and answer so far (n from 4 down to 1; any model)
     ngram:MIN-MAX     the same, n from MAX down to MIN
-    X+ngram           the hybrid (X one of the SpecFormer drafters here): per row the n-gram drafts when at least
-                      defaults.HYBRID_MIN_MATCH tokens match, else the drafter's
+    X+ngram           the hybrid (X one of the SpecFormer drafters here): per row the drafts expected to have more
+                      accepted (the lookup's by match length, at least defaults.HYBRID_MIN_MATCH tokens; the drafter's
+                      by its confidence)
     random            a drafter of fresh random weights (RANDOM_DRAFTER's shape): what a drafter costs, for speed
     none              no drafter: plain decoding
 
