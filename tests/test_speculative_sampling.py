@@ -121,7 +121,9 @@ def variant_drafter(model, variant: str):
     return LoadedDrafter(cfg, params, {})
 
 
-@pytest.mark.parametrize("variant", ["paper", "draft_vocab", pytest.param("ngram", marks=pytest.mark.slow),
+# CI time: the shipped drafter's kind (a draft vocabulary) in `make test`, the paper's plain drafter with -m slow
+@pytest.mark.parametrize("variant", [pytest.param("paper", marks=pytest.mark.slow), "draft_vocab",
+                                     pytest.param("ngram", marks=pytest.mark.slow),
                                      pytest.param("hybrid", marks=pytest.mark.slow),
                                      pytest.param("slots", marks=pytest.mark.slow),
                                      pytest.param("context", marks=pytest.mark.slow)])
