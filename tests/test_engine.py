@@ -104,7 +104,7 @@ def run(plan: DecodePlan, model, source=None, pool=3, schedule="continuous", ord
     return tokens, result
 
 
-@pytest.mark.parametrize("rounds", [1, 4, 16])
+@pytest.mark.parametrize("rounds", [1, pytest.param(4, marks=pytest.mark.slow), 16])  # CI time: 4 runs with -m slow
 @pytest.mark.parametrize("schedule", ["continuous", "static"])
 def test_every_request_equals_plain_decoding_of_its_prompt(model, reference, rounds, schedule):
     greedy = SamplingConfig()

@@ -60,7 +60,8 @@ def tiny():
     return model, resolve_drafter("random", model)
 
 
-@pytest.mark.parametrize("batch, budgets", [(1, (1, 2, 4)), (3, (3, 7, 12))])
+# CI time: the ragged pool of 3 rows in `make test` (its budgets cut rows at every length), 1 row with -m slow
+@pytest.mark.parametrize("batch, budgets", [pytest.param(1, (1, 2, 4), marks=pytest.mark.slow), (3, (3, 7, 12))])
 def test_greedy_output_with_a_verify_budget_is_plain_output_for_every_row(tiny, batch, budgets):
     """Budgets from none (every row verifies its last token alone) to every draft, on a ragged pool refilled as rows
     finish: every row equals plain greedy decoding, and the stats count what the budgets allowed."""
