@@ -106,8 +106,8 @@ class HybridDrafts:
         own = jnp.concatenate([own, looked_up[:, slots:]], axis=1)
         q_own = jnp.concatenate([q_own, q_looked_up[:, slots:]], axis=1)
         copied = match_acceptance(n, k)
-        mine = jnp.where(jnp.arange(k) < slots, self.model.confidence(plan, own, q_own, cache), copied)
-        use = takes_lookup(n, mine, copied, self.widths(plan), self.min_match)
+        use = takes_lookup(n, self._model_rows(plan, own, q_own, cache, copied), copied, self.widths(plan),
+                           self.min_match)
         drafts = jnp.where(use[:, None], looked_up, own)
         q = jnp.where(use[:, None, None], q_looked_up, q_own)
         return drafts, q, HybridState(cache, history, use.astype(jnp.int32), n)
@@ -119,9 +119,14 @@ class HybridDrafts:
         """The drafter's calibrated confidences on its rows (past its trained slots, where its rows' drafts are looked
         up too, the lookup's acceptance), the lookup's acceptance by match length on the other rows."""
         copied = match_acceptance(state.match, drafts.shape[1])
-        own = self.model.confidence(plan, drafts, q, state.drafter)
-        own = jnp.where(jnp.arange(drafts.shape[1]) < self.model.cfg.num_slots, own, copied)
+        own = self._model_rows(plan, drafts, q, state.drafter, copied)
         return jnp.where(state.origin[:, None] == 1, copied, own)
+
+    def _model_rows(self, plan: DecodePlan, drafts, q, cache: KVCache, copied):
+        """[B, k]: the chances of a drafter row's drafts: its calibrated confidences on its trained slots, past them
+        (drafts looked up) the lookup's `copied`."""
+        own = self.model.confidence(plan, drafts, q, cache)
+        return jnp.where(jnp.arange(drafts.shape[1]) < self.model.cfg.num_slots, own, copied)
 
     def advance(self, plan: DecodePlan, state: HybridState, num_new, next_tokens) -> HybridState:
         return HybridState(self.model.advance(plan, state.drafter, num_new, next_tokens),
