@@ -60,12 +60,16 @@ def main() -> None:
     ap.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="chat")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-requests", type=int, default=0,
+                    help="the prompts cycled to this many requests (as in specformer bench; default: the prompts)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     scheduler.Engine.fill = _timed("fill", scheduler.Engine.fill)
     scheduler.Engine.chunk = _timed("chunk", scheduler.Engine.chunk)
     model = load_target("default")
     prompts = read_prompts_file(PROMPT_SETS[args.prompts])
+    if args.num_requests:
+        prompts = [prompts[i % len(prompts)] for i in range(args.num_requests)]
     runs = {"plain": [], "spec": []}
     for i in range(args.repeats + 1):
         for side, drafter in (("plain", "none"), ("spec", "default"))[:: 1 if i % 2 else -1]:
@@ -83,7 +87,8 @@ def main() -> None:
               "round_in_plain_steps": spec["ms_per_round"] / plain["ms_per_round"]}
     doc = {"command": "python " + " ".join(sys.argv), "device": jax.devices()[0].device_kind,
            "cpu_count": os.cpu_count(), "versions": {"python": platform.python_version(), "jax": jax.__version__},
-           "batch_size": args.batch_size, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+           "batch_size": args.batch_size, "prompts": args.prompts, "num_requests": len(prompts),
+           "max_new_tokens": args.max_new_tokens,
            "repeats": args.repeats, "sides": med, "runs": runs, "ratios": ratios}
     write_json(args.out, doc)
     for side in ("plain", "spec"):

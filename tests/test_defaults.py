@@ -18,7 +18,12 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.drafts.hybrid import Hybrid
 from specformer_jax.decoding.drafts.ngram import NgramDrafts
 from specformer_jax.decoding.options import DecodeOptions
-from specformer_jax.decoding.tuning.draft_len import decide_draft_len, default_draft_len, hybrid_model_len
+from specformer_jax.decoding.tuning.draft_len import (
+    decide_draft_len,
+    default_budgeted_round,
+    default_draft_len,
+    hybrid_model_len,
+)
 from specformer_jax.modeling.loaded import LoadedDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,3 +116,16 @@ def test_the_draft_len_decided_follows_the_tables(monkeypatch):
     cfg = types.SimpleNamespace(pack_weights=True)
     assert [hybrid_model_len(Hybrid(d), pool, cfg) for pool in (1, 3, 4, 5)] == ([2, 2, 2, 1] if CPU else [4] * 4)
     assert hybrid_model_len(d, 1, cfg) is None
+
+
+def test_the_default_budget_follows_its_table_and_never_exceeds_the_pools_drafts(monkeypatch):
+    monkeypatch.setattr(defaults, "CPU_VERIFY_BUDGETS", {"specformer": {range(3, 5): (2, 8), range(6, 9): (3, 14)}})
+    rounds = lambda drafter: [default_budgeted_round(drafter, pool, True) for pool in range(1, 10)]
+    if not CPU:  # budgets are measured defaults of the CPU kernels only
+        assert rounds(loaded(4)) == [None] * 9
+        return
+    assert rounds(loaded(4)) == [None, None, (2, 8), (2, 8), None, (3, 14), (3, 14), (3, 14), None]
+    # a drafter of one slot drafts one a row, and a pool of 6 rows then fills 12 positions, not 14
+    assert rounds(loaded(1)) == [None, None, (1, 6), (1, 8), None, (1, 12), (1, 14), (1, 14), None]
+    assert default_budgeted_round(loaded(4), 4, False) is None  # no kernels: no budget
+    assert default_budgeted_round(None, 4, True) is None

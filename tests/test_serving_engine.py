@@ -13,6 +13,7 @@ import time
 import pytest
 from test_engine import BUDGETS, PROMPTS, model, plain_alone  # noqa: F401 -- model: the fixture
 
+from specformer_jax import defaults
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.chunk import run_first_rows, run_plain_chunk
@@ -48,7 +49,9 @@ def served(engine: ServingEngine, prompts) -> list[Answer]:
 # CI time: test_serve.py's sixteen concurrent streams on the real server equal plain decoding in `make test`
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["random", None])
-def test_requests_arriving_mid_flight_decode_as_alone(model, drafter):  # noqa: F811
+def test_requests_arriving_mid_flight_decode_as_alone(model, drafter, monkeypatch):  # noqa: F811
+    # six live rows decode plainly, as past the table's budgets: the chunks that skip the drafter are run too
+    monkeypatch.setattr(defaults, "CPU_VERIFY_BUDGETS", {"specformer": {range(3, 5): (2, 8)}})
     source = resolve_drafter(drafter, model) if drafter else None
     engine = ServingEngine(model, source, ServeConfig(slots=6, context=96, draft_len=None, chunk_rounds=3,
                                                       max_queue=16)).start()

@@ -128,7 +128,8 @@ def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool
         return None
     table = defaults.CPU_VERIFY_BUDGETS.get(kind_name(drafter), {})
     k, budget = defaults.for_pool(table, pool_size, (0, 0))
-    return (min(k, max_draft_len(drafter)), budget) if k else None
+    k = min(k, max_draft_len(drafter))
+    return (k, min(budget, pool_size * (k + 1))) if k else None  # no more positions than the pool's drafts fill
 
 
 def budget_at(budget: str | int | None, batch_size: int) -> int | str | None:
