@@ -18,7 +18,7 @@ from specformer_jax.decoding.engine.chunk import run_chunk
 from specformer_jax.decoding.tuning import cost_model as cm
 from specformer_jax.decoding.tuning import records as rec
 from specformer_jax.decoding.tuning import timing, tuner
-from specformer_jax.decoding.tuning.draft_len import default_draft_len
+from specformer_jax.decoding.tuning.draft_len import default_draft_len, default_round
 from specformer_jax.decoding.tuning.records import DecodeRecords
 from specformer_jax.decoding.tuning.tuner import AutoDraftLen, drafter_acceptance
 from specformer_jax.errors import SpecformerError
@@ -46,8 +46,9 @@ def test_speedup_model_and_choice():
 
 def test_the_default_draft_len_follows_the_pool_on_a_cpu(model):
     """Without a draft length: every slot off a CPU; on a CPU with its kernels three drafts at batch 1, two at batch
-    2-3, one at 4-5 and plain decoding beyond (as measured: defaults.py), one without them; generate applies it to
-    the pool it decodes (the pool: the batch size, or fewer prompts)."""
+    2-3, one at 4-5 and plain decoding beyond (as measured: defaults.py; batch 3-4 and 6-8 verify a budget in place
+    of these), one without them; generate applies it to the pool it decodes (the pool: the batch size, or fewer
+    prompts)."""
     d = drafter(model, None)
     cpu = jax.default_backend() == "cpu"
     packed = [default_draft_len(d, b, True) for b in (1, 2, 3, 4, 5, 8, 64)]  # with the CPU kernels
@@ -56,7 +57,7 @@ def test_the_default_draft_len_follows_the_pool_on_a_cpu(model):
     one = generate(model, PROMPTS[:1], max_new_tokens=8, drafter=d).stats
     assert one["draft_len"] == default_draft_len(d, 1, model.cfg.pack_weights)
     pool = generate(model, PROMPTS * 2, max_new_tokens=8, drafter=d, batch_size=6).stats
-    assert pool["draft_len"] == default_draft_len(d, 6, model.cfg.pack_weights)
+    assert (pool["draft_len"], pool["verify_budget"]) == default_round(d, 6, model.cfg.pack_weights)  # a budget
     assert ("mean_accepted_length" in pool) == (pool["draft_len"] > 0)
 
 

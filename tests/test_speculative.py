@@ -19,7 +19,7 @@ from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
-from specformer_jax.decoding.tuning.draft_len import default_draft_len
+from specformer_jax.decoding.tuning.draft_len import default_draft_len, default_round
 from specformer_jax.modeling.drafter import drafter_cache, init_drafter
 from specformer_jax.modeling.loaded import LoadedDrafter, cpu_kernels_ready
 
@@ -185,12 +185,15 @@ def test_cli_generate_with_a_drafter_directory(model, tiny_checkpoints, tmp_path
     default_k = default_draft_len(LoadedDrafter(cfg, None, {}), 1, cpu_kernels_ready(model.cfg))  # a pool of 1
     assert len(spec["stats"]["acceptance_rate_per_slot"]) == default_k and "mean_accepted_length" not in plain["stats"]
     assert "draft_len must be in 0..3" in cli_error(base + ["--drafter", str(tmp_path / "d"), "--draft-len", "5"])
-    assert main(base[:-1] + ["7", "--drafter", str(tmp_path / "d")]) == 0  # a pool of 7: the default may draft none
+    more = tmp_path / "more.jsonl"  # 14 prompts, a pool of 9: on a CPU with its kernels the default drafts none
+    more.write_text(prompts.read_text() * 2)
+    pooled_args = base[:-1] + ["9", "--drafter", str(tmp_path / "d")]
+    assert main([str(more) if a == str(prompts) else a for a in pooled_args]) == 0
     out = capsys.readouterr()
     pooled = json.loads(out.out)["stats"]
-    told = "no draft length pays at batch 7 here; --draft-len K drafts anyway" in out.err
-    assert told == (pooled["draft_len"] == 0) and pooled["draft_len"] == default_draft_len(
-        LoadedDrafter(cfg, None, {}), 7, cpu_kernels_ready(model.cfg))
+    told = "no draft length pays at batch 9 here; --draft-len K drafts anyway" in out.err
+    assert told == (pooled["draft_len"] == 0) and pooled["draft_len"] == default_round(
+        LoadedDrafter(cfg, None, {}), 9, cpu_kernels_ready(model.cfg))[0]
 
 
 def test_bench_reports_ar_and_speculative_per_batch_size(model, tiny_checkpoints, tmp_path, cli_error, monkeypatch):

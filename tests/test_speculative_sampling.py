@@ -138,6 +138,7 @@ def test_speculative_samples_follow_the_target_distribution(model, drafter, vari
     assert chi_square_pvalue(samples, joint) > 1e-3
 
 
+@pytest.mark.slow  # CI time: the chi-square tests run in `make test`, their power checks with -m slow
 def test_the_test_catches_a_verifier_that_ignores_q(model, drafter, monkeypatch):
     """The power check of the test above: with q mishandled, the same samples fail it."""
     real = speculative.verify
@@ -178,7 +179,7 @@ def test_the_test_catches_a_flat_layout_read_one_entry_off(model, drafter, monke
         assert chi_square_pvalue(samples, joint) > 1e-6
 
 
-@pytest.mark.slow  # CI time: the power check above runs in `make test`, this variant's with -m slow
+@pytest.mark.slow  # CI time: a power check, as the ones above
 def test_the_test_catches_a_hybrid_that_verifies_with_the_wrong_q(model, monkeypatch):
     """The power check for the hybrid: n-gram rows verified against the drafter's q instead of their point mass."""
     real = hybrid.point_mass
@@ -193,7 +194,7 @@ def test_the_test_catches_a_hybrid_that_verifies_with_the_wrong_q(model, monkeyp
     assert chi_square_pvalue(samples, joint) < 1e-6
 
 
-@pytest.mark.slow  # CI time: the power check above runs in `make test`, this variant's with -m slow
+@pytest.mark.slow  # CI time: a power check, as the ones above
 def test_the_test_catches_a_draft_vocabulary_q_left_unmapped(model, monkeypatch):
     """The same power check for a draft vocabulary: q over V' written at token ids 0..V'-1 instead of at its tokens."""
     real = speculative.choose_drafts

@@ -33,8 +33,7 @@ from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.engine.scheduler import Engine
 from specformer_jax.decoding.tuning.draft_len import (
     checked_verify_budget,
-    default_budgeted_round,
-    default_draft_len,
+    default_round,
     hybrid_model_len,
 )
 from specformer_jax.errors import SpecformerError
@@ -85,7 +84,7 @@ class ServeConfig:
             return 0, 0
         if self.draft_len is not None:
             return self.draft_len, 0
-        return default_budgeted_round(drafter, live, packed) or (default_draft_len(drafter, live, packed), 0)
+        return default_round(drafter, live, packed)
 
 
 class _Group:

@@ -132,6 +132,14 @@ def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool
     return (k, min(budget, pool_size * (k + 1))) if k else None  # no more positions than the pool's drafts fill
 
 
+def default_round(drafter: Drafter | None, pool_size: int, packed: bool) -> tuple[int, int]:
+    """(drafts per row, positions per round; 0: every row's drafts) that a pool of `pool_size` rows decodes with when
+    no draft length is asked for: the measured budget where there is one, else the default draft length whole."""
+    if drafter is None:
+        return 0, 0
+    return default_budgeted_round(drafter, pool_size, packed) or (default_draft_len(drafter, pool_size, packed), 0)
+
+
 def budget_at(budget: str | int | None, batch_size: int) -> int | str | None:
     """A verify budget for this batch size (the pool's rows): "+N" is the batch size plus N, a number or "auto"
     itself, None the default."""
