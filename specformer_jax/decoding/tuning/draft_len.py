@@ -129,7 +129,7 @@ def default_budgeted_round(drafter: Drafter | None, pool_size: int, packed: bool
     table = defaults.CPU_VERIFY_BUDGETS.get(kind_name(drafter), {})
     k, budget = defaults.for_pool(table, pool_size, (0, 0))
     k = min(k, max_draft_len(drafter))
-    return (k, min(budget, pool_size * (k + 1))) if k else None  # no more positions than the pool's drafts fill
+    return (k, checked_verify_budget(budget, k, pool_size)) if k else None  # no more than the pool's drafts fill
 
 
 def default_round(drafter: Drafter | None, pool_size: int, packed: bool) -> tuple[int, int]:
