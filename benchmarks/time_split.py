@@ -25,6 +25,8 @@ import jax
 
 from specformer_jax.assets import PROMPT_SETS
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.checks import POSITIVE_INT
+from specformer_jax.cli.args import kind
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.engine import scheduler
 from specformer_jax.files import write_json
@@ -60,7 +62,7 @@ def main() -> None:
     ap.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="chat")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--num-requests", type=int, default=0,
+    ap.add_argument("--num-requests", type=kind(POSITIVE_INT), default=None,
                     help="the prompts cycled to this many requests (as in specformer bench; default: the prompts)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
