@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from specformer_jax.checkpoints.loader import load_target
-from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, greedy_tokens, process_logits
 from specformer_jax.decoding.api import generate
 
 ROWS = [[5, 17, 3, 99, 42, 7, 8], [9, 4, 120], [33, 21, 56, 78, 10, 3, 44, 6, 70, 71, 72]]
@@ -44,6 +44,21 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
         want = numpy_filter(row.astype(np.float64), temperature, top_k, top_p)
         np.testing.assert_array_equal(np.isinf(g), np.isinf(want))
         np.testing.assert_allclose(g[~np.isinf(g)], want[~np.isinf(want)], rtol=1e-6)
+
+
+def test_greedy_tokens_pick_numpys_first_largest_logit():
+    """The greedy choice (a maximum, then the least index holding it) against numpy's argmax, which takes the first
+    of tied maxima: ties placed first, last and apart, rows of -inf, rows of a few values (many ties), and [B, k, V]
+    shapes as a round's logits come."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 3, 4099)).astype(np.float32)
+    logits[0, 0, [7, 4000]] = logits[0, 0, 4098] = 9.0
+    logits[1, 1, [0, 4098]] = 9.0
+    logits[2, 2] = -np.inf
+    logits[3] = rng.integers(0, 3, size=(3, 4099)).astype(np.float32)
+    logits[4, 0, -1] = 50.0
+    np.testing.assert_array_equal(np.asarray(greedy_tokens(jnp.asarray(logits))), np.argmax(logits, axis=-1))
+    assert greedy_tokens(jnp.asarray(logits)).dtype == jnp.int32
 
 
 @pytest.fixture(scope="module")

@@ -94,3 +94,25 @@ def test_hidden_state_hooks_match_transformers(tiny_checkpoints):
     _, _, hidden = model.apply({"params": m.params}, jnp.asarray([row]), cache)
     for idx in (0, 1, 2):
         np.testing.assert_allclose(np.asarray(hidden[idx][0]), ref[idx][0].numpy(), atol=1e-4, rtol=0)
+
+
+
+def test_rope_table_matches_transformers_rotation_far_into_the_cache():
+    """RoPE from the table of a cache's positions (`rope_table`) against transformers' Llama rotation
+    (LlamaRotaryEmbedding's cos and sin, applied by apply_rotary_pos_emb) at positions up to 8,191, given our
+    frequencies (llama3-scaled): both sides take float32 products for the angles, so only the last bits of the
+    cosines and sines may differ."""
+    from transformers.models.llama import modeling_llama as hf
+
+    from specformer_jax.config import RopeConfig
+    from specformer_jax.modeling.layers import rope, rope_table
+
+    inv_freq = RopeConfig(theta=500000.0, kind="llama3", factor=8.0).inv_freq(64)
+    rotary = hf.LlamaRotaryEmbedding(transformers.LlamaConfig(hidden_size=256, num_attention_heads=4))
+    rotary.inv_freq = torch.tensor(inv_freq, dtype=torch.float32)
+    positions = np.array([[0, 1, 2, 31], [1000, 4095, 8190, 8191]], np.int32)
+    x = np.random.default_rng(0).normal(size=(2, 4, 3, 64)).astype(np.float32)  # [B, T, H, D]
+    cos, sin = rotary(torch.zeros(1), torch.from_numpy(positions).long())
+    want, _ = hf.apply_rotary_pos_emb(torch.from_numpy(x).transpose(1, 2), torch.zeros(2, 3, 4, 64), cos, sin)
+    got = rope(jnp.asarray(x), rope_table(jnp.asarray(positions), inv_freq, 8192))
+    np.testing.assert_allclose(np.asarray(got), want.transpose(1, 2).numpy(), atol=2e-6, rtol=1e-5)

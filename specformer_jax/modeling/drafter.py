@@ -24,7 +24,7 @@ from pallas_kernels import ragged_attention_reference
 from pallas_kernels.cpu import pack_columns, panel_columns
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope
+from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope, rope_table
 from specformer_jax.modeling.target import Attention, Target
 
 
@@ -62,8 +62,8 @@ class SlotAttention(nn.Module):
         v = proj(t.num_kv_heads * t.head_dim, ("embed", "kv_heads"), "v")(x).reshape(N, K, t.num_kv_heads, t.head_dim)
         if self.causal:  # the released code's variant: RoPE over slot positions 0..K-1
             pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (N, K))
-            inv_freq = t.rope.inv_freq(t.head_dim)
-            q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
+            rotation = rope_table(pos, t.rope.inv_freq(t.head_dim), K)
+            q, k = rope(q, rotation), rope(k, rotation)
         full = jnp.full((N,), K, jnp.int32)
         o = ragged_attention_reference(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), full, causal=self.causal)
         return proj(d, ("heads", "embed"), "o")(o.reshape(N, K, -1)).reshape(*lead, K, d)
@@ -132,7 +132,8 @@ class Drafter(nn.Module):
         B, T, _ = x.shape
         start = cache.lengths
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        a, k, v = self.context_attn(self.context_norm(x), positions, cache.k, cache.v, 0, start, start + T)
+        rotation = rope_table(positions, self.target.rope.inv_freq(self.target.head_dim), cache.max_len)
+        a, k, v = self.context_attn(self.context_norm(x), rotation, cache.k, cache.v, 0, start, start + T)
         added = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         return x + a, KVCache(k, v, cache.lengths + added)
 

@@ -4,6 +4,7 @@ mesh: batch, embed, heads, kv_heads, mlp, vocab, or None for a dimension that is
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -99,11 +100,25 @@ class RMSNorm(nn.Module):
         return scale * x32.astype(x.dtype)
 
 
-def rope(x, positions, inv_freq: np.ndarray):
-    """Rotate-half RoPE. x: [B, T, H, D]; positions: int32[B, T]; inv_freq: static [D/2]."""
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)  # [B, T, D/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+def rope_table(positions, inv_freq: np.ndarray, length: int) -> tuple[jax.Array, jax.Array]:
+    """RoPE's cos and sin at `positions` (int32[B, T], each below `length`; inv_freq: static [D/2]), each
+    [B, T, 1, D/2], read from a table of every position below `length` made once when the step is traced. Computed
+    in the step instead, XLA's CPU fusion evaluates the cosine and sine again inside every layer's rotation, for
+    every head and element. The angles are float32 products, as transformers makes them."""
+    cos, sin = _rope_angles(length, tuple(np.asarray(inv_freq, np.float32).tolist()))
+    at = lambda table: jnp.take(table, positions, axis=0, mode="clip")[:, :, None, :]
+    return at(cos), at(sin)
+
+
+@functools.lru_cache(maxsize=32)
+def _rope_angles(length: int, inv_freq: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    angles = np.arange(length, dtype=np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def rope(x, table: tuple[jax.Array, jax.Array]):
+    """Rotate-half RoPE. x: [B, T, H, D]; table: `rope_table` at x's positions."""
+    cos, sin = table
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)

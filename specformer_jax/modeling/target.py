@@ -24,7 +24,16 @@ from pallas_kernels import ragged_attention
 from pallas_kernels.cpu import pack_columns, unpack_columns
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache, write_tokens
-from specformer_jax.modeling.layers import PackedEmbed, RMSNorm, SwiGLU, dense, logical_axes, rope, with_axes
+from specformer_jax.modeling.layers import (
+    PackedEmbed,
+    RMSNorm,
+    SwiGLU,
+    dense,
+    logical_axes,
+    rope,
+    rope_table,
+    with_axes,
+)
 
 
 def _project_qkv(cfg: TargetConfig, x):
@@ -56,17 +65,16 @@ class Attention(nn.Module):
     cfg: TargetConfig
 
     @nn.compact
-    def __call__(self, x, positions, k_all, v_all, layer, start, kv_len, rows=None):
+    def __call__(self, x, rotation, k_all, v_all, layer, start, kv_len, rows=None):
         """Appends this layer's keys/values to the stacked caches [L, B', Hkv, S, D] at `layer` (row b in cache row
-        rows[b], default b); returns them too."""
+        rows[b], default b); returns them too. rotation: `rope_table` at the tokens' positions."""
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = _project_qkv(cfg, x)
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="k_norm")(k)
-        inv_freq = cfg.rope.inv_freq(cfg.head_dim)
-        q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
+        q, k = rope(q, rotation), rope(k, rotation)
         k_all = write_tokens(k_all, layer, k, start, rows)
         v_all = write_tokens(v_all, layer, v, start, rows)
         o = ragged_attention(q, k_all, v_all, kv_len, causal=True, sliding_window=cfg.sliding_window,
@@ -82,12 +90,12 @@ class DecoderLayer(nn.Module):
     hooks: tuple[int, ...]  # normalised hook indices picked up into `hooked`; layer i's output is hidden state i + 1
 
     @nn.compact
-    def __call__(self, carry, xs, positions, start, kv_len, rows=None):
+    def __call__(self, carry, xs, rotation, start, kv_len, rows=None):
         cfg = self.cfg
         h, k_all, v_all, hooked = carry
         layer = xs
         attn_out, k_all, v_all = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), positions, k_all, v_all, layer, start, kv_len,
+            RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_norm")(h), rotation, k_all, v_all, layer, start, kv_len,
             rows)
         h = h + attn_out
         h = h + SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, cfg.fuse_projections, cfg.pack_weights,
@@ -167,8 +175,9 @@ class Target(nn.Module):
         values with the new ones written, {hook: state}); `forward` and `forward_flat` differ only in what they
         give it."""
         run = self._unrolled if self.cfg.unroll_layers else self._scanned
+        rotation = rope_table(positions, self.cfg.rope.inv_freq(self.cfg.head_dim), cache.max_len)
         with jax.named_scope("layers"):
-            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, positions, start, kv_len, rows)
+            h_last, k_all, v_all, hooked = run(h, cache.k, cache.v, rotation, start, kv_len, rows)
         h_final = self.final_norm(h_last)
         states = {0: h, self.cfg.num_layers: h_final, **hooked}
         return h_final, k_all, v_all, {i: states[i] for i in self._hooks}

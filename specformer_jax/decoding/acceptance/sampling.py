@@ -41,10 +41,20 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return logits
 
 
+def greedy_tokens(logits: jax.Array) -> jax.Array:
+    """int32[...]: the first index of the largest logit along the last axis (`jnp.argmax`'s choice), found as the
+    maximum and then the least index holding it. XLA's CPU backend runs those two reductions in about half the time
+    of argmax's paired one, over a round's [positions, 49152] logits. A row without a largest logit (NaN) gets the
+    last index."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.min(jnp.where(logits == top, index, logits.shape[-1] - 1), axis=-1)
+
+
 def select_tokens(logits: jax.Array, keys: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """logits [B, V] -> int32[B]; keys: one PRNG key per row (unused when greedy)."""
     if cfg.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return greedy_tokens(logits)
     processed = process_logits(logits, cfg)
     return jax.vmap(jax.random.categorical)(keys, processed).astype(jnp.int32)
 

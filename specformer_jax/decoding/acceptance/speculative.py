@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specformer_jax.decoding.acceptance.sampling import SamplingConfig, process_logits
+from specformer_jax.decoding.acceptance.sampling import SamplingConfig, greedy_tokens, process_logits
 
 
 def round_keys(keys: jax.Array, rounds: jax.Array) -> jax.Array:
@@ -49,7 +49,7 @@ def choose_drafts(logits, keys, sampling: SamplingConfig, vocab=None, vocab_size
     the whole vocabulary of `vocab_size` tokens, zero outside the draft vocabulary: the drafts never come from there.
     """
     if sampling.greedy:  # q: the top probability, the draft's confidence (`draft_confidence`)
-        best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        best = greedy_tokens(logits)
         top = 1.0 / jnp.sum(jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)), axis=-1)
         return best if vocab is None else vocab[best], top[..., None].astype(jnp.float32)
     processed = process_logits(logits, sampling)
@@ -71,7 +71,7 @@ def verify(logits, drafts, q, keys, sampling: SamplingConfig, limit=None):
     """
     B, k = drafts.shape
     if sampling.greedy:
-        return greedy_verdict(jnp.argmax(logits, axis=-1).astype(jnp.int32), drafts, limit)
+        return greedy_verdict(greedy_tokens(logits), drafts, limit)
     k_accept, k_resample = keys[:, 0], keys[:, 1]
     p = jax.nn.softmax(process_logits(logits, sampling), axis=-1)  # [B, k + 1, V]
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specformer_jax.decoding.acceptance.sampling import greedy_tokens
 from specformer_jax.decoding.acceptance.speculative import Verify, greedy_verdict
 
 Sizes = tuple[tuple[int, float], ...]  # (positions, the cost of a round with them), positions ascending
@@ -90,5 +91,5 @@ def verify_flat(accept, logits: jax.Array, index: jax.Array, drafts, q, keys, sa
     verification picks the target's tokens on the flat list and gathers those alone; other rules (sampling, a
     measurement's) are given the logits in the padded layout."""
     if sampling.greedy and isinstance(accept, Verify):
-        return greedy_verdict(gather_rows(jnp.argmax(logits, axis=-1).astype(jnp.int32), index), drafts, chosen)
+        return greedy_verdict(gather_rows(greedy_tokens(logits), index), drafts, chosen)
     return accept(gather_rows(logits, index), drafts, q, keys, sampling, chosen)
