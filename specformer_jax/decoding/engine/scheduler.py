@@ -41,7 +41,7 @@ from specformer_jax.defaults import CHUNK_ROUNDS
 from specformer_jax.parallel import decode_state_shardings, replicated
 
 SCHEDULES = ("continuous", "static")
-PROMPT_BUCKET = 32  # prompt blocks are padded to a multiple of this many tokens, so nearby lengths share a compilation
+PROMPT_BUCKET = 16  # prompt blocks are padded to a multiple of this many tokens, so nearby lengths share a compilation
 
 
 class Interrupted(KeyboardInterrupt):
