@@ -24,6 +24,7 @@ import time
 import jax
 
 from specformer_jax.assets import PROMPT_SETS
+from specformer_jax.bench.run import cycled
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli.args import kind
@@ -71,7 +72,7 @@ def main() -> None:
     model = load_target("default")
     prompts = read_prompts_file(PROMPT_SETS[args.prompts])
     if args.num_requests:
-        prompts = [prompts[i % len(prompts)] for i in range(args.num_requests)]
+        prompts = cycled(prompts, args.num_requests)
     runs = {"plain": [], "spec": []}
     for i in range(args.repeats + 1):
         for side, drafter in (("plain", "none"), ("spec", "default"))[:: 1 if i % 2 else -1]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 
 from specformer_jax.assets import PROMPT_SETS
+from specformer_jax.bench.run import cycled
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.checks import POSITIVE_INT
 from specformer_jax.cli.args import kind
@@ -75,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     model = load_target("default")
     prompts = read_prompts_file(PROMPT_SETS[args.prompts])
-    prompts = [prompts[i % len(prompts)] for i in range(args.requests_per_slot * args.batch_size)]
+    prompts = cycled(prompts, args.requests_per_slot * args.batch_size)
     doc = {"command": "python " + " ".join(sys.argv), "device": jax.devices()[0].device_kind,
            "python": platform.python_version(), "jax": jax.__version__, "batch_size": args.batch_size,
            "prompts": args.prompts, "num_requests": len(prompts),

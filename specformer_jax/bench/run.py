@@ -40,6 +40,11 @@ KEEP = ("tokens_per_second", "requests_per_second", "run_seconds", "num_generate
         "verify_budget", "verified_positions_per_round", "accepted_per_verified_draft", "rounds_without_drafts")
 
 
+def cycled(prompts: list, n: int) -> list:
+    """`n` requests: the prompts in order, from the first again when they run out."""
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
 def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Prompt], *,
                   batch_sizes: list[int], draft_len: int | str | AutoDraftLen | None, max_new_tokens: int,
                   repeats: int = 3, num_requests: int | None = None, schedules: tuple[str, ...] = ("continuous",),
@@ -94,7 +99,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
             print(f"specformer bench: batch {bs}: choosing the draft length (the first time at a batch size, this "
                   f"compiles and times {drafter.cfg.num_slots + 1} engines)", file=sys.stderr)
         engine = dict(max_new_tokens=max_new_tokens, batch_size=bs, mesh=mesh, chunk_rounds=chunk_rounds)
-        stream = [prompts[i % len(prompts)] for i in range(requests[bs])]
+        stream = cycled(prompts, requests[bs])
         for rate in set_acceptance or [None]:
             spec_kw = dict(draft_len=draft_len, records=records, set_acceptance=rate, verify_budget=verify_budget)
             row = _batch_size_row(model, drafter, stream, repeats, engine, spec_kw, schedules)
