@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import statistics
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ from specformer_jax.config import DrafterConfig
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate
+from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.tuning.draft_len import default_draft_len, default_round
@@ -123,6 +126,31 @@ def test_specformer_drafter_is_lossless(model, rows, variant):
         st = res.stats
         assert len(st["acceptance_rate_per_slot"]) == k and st["rounds"] >= 1
         assert 1.0 <= st["mean_accepted_length"] <= k + 1
+
+
+def test_a_drafter_is_bound_to_a_target_once_and_lets_its_weights_go(model, tiny_checkpoints, monkeypatch):
+    """A second call with the same drafter and target weights decodes with what the first bound (runner.BOUND: the
+    drafter packed for the CPU kernels, the target's head cut to its vocabulary), to the same tokens; another drafter
+    or another target's weights are bound anew; a target dropped is not kept alive by its binding."""
+    binds = []
+    bind = SpecformerDrafts.bind
+    monkeypatch.setattr(SpecformerDrafts, "bind", lambda self, plan, p: binds.append(1) or bind(self, plan, p))
+    cfg = DrafterConfig(num_slots=2)
+    drafter, other = (LoadedDrafter(cfg, init_drafter(model.cfg, cfg, jax.random.key(i)), {}) for i in (3, 4))
+    run = lambda m, d: generate(m, PROMPTS[:3], max_new_tokens=8, drafter=d, draft_len=2).token_ids
+    first = run(model, drafter)
+    assert run(model, drafter) == first == generate(model, PROMPTS[:3], max_new_tokens=8).token_ids
+    assert len(binds) == 1
+    run(model, other)
+    assert len(binds) == 2
+    twin = load_target(tiny_checkpoints["qwen2"])
+    assert run(twin, other) == run(model, other)
+    assert len(binds) == 4  # the twin's arrays are not the model's: bound for each in turn
+    run(twin, other)
+    gone = weakref.ref(jax.tree.leaves(twin.params["layers_0"])[0])
+    del twin
+    gc.collect()
+    assert gone() is None
 
 
 def test_perfect_drafter_accepts_everything(model):

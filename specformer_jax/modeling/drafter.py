@@ -17,6 +17,7 @@ from typing import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax import struct
 
@@ -169,20 +170,18 @@ def pack_drafter(weights: dict) -> dict:
         return {"panels": _narrowed(pack_columns(p["kernel"])), **({"bias": p["bias"]} if "bias" in p else {})}
 
     ffn = dict(weights["ffn"])
-    ffn["gate_up"] = {"kernel": jnp.concatenate([ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]], axis=1)}
+    gate, up = ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]
+    xp = jnp if isinstance(gate, jax.core.Tracer) else np  # concrete: on the host, compiling nothing
+    ffn["gate_up"] = {"kernel": xp.concatenate([xp.asarray(gate), xp.asarray(up)], axis=1)}
     return one({**weights, "ffn": ffn})
 
 
 def _narrowed(w: jax.Array) -> jax.Array:
-    """w in bfloat16 where that loses nothing, else w."""
-    if w.dtype != jnp.float32:
+    """w in bfloat16 where that loses nothing (checked on the host), else w; w itself under a trace."""
+    if w.dtype != jnp.float32 or isinstance(w, jax.core.Tracer):
         return w
-    narrow = w.astype(jnp.bfloat16)
-    try:
-        exact = bool(jnp.array_equal(narrow.astype(w.dtype), w))
-    except jax.errors.ConcretizationTypeError:  # under a trace
-        return w
-    return narrow if exact else w
+    narrow = np.asarray(w).astype(jnp.bfloat16)
+    return jnp.asarray(narrow) if np.array_equal(narrow.astype(np.float32), np.asarray(w)) else w
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
@@ -202,7 +201,9 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
     cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
     if target_cfg.pack_weights:  # the vocabulary's columns of the head's panels, packed again
         panels = target_params["embed" if target_cfg.tie_embeddings else "lm_head"]["panels"]
-        head = {"panels": pack_columns(panel_columns(panels, vocab).T)}
+        columns = panel_columns(*((panels, vocab) if isinstance(panels, jax.core.Tracer) else map(np.asarray, (
+            panels, vocab))))  # concrete: on the host, compiling nothing
+        head = {"panels": pack_columns(columns.T)}
         return cfg, {"final_norm": target_params["final_norm"], "lm_head": head}
     matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings
               else target_params["lm_head"]["kernel"][:, vocab])

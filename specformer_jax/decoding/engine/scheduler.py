@@ -62,7 +62,7 @@ class Engine:
 
     def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh,
                  budget: int | Sizes = 0):
-        source = source.bind(plan, params) if plan.speculative else None  # once per call: not in every chunk
+        source = runner.BOUND.get(source, plan, params) if plan.speculative else None  # not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
         self.budget = budget_sizes(budget) if plan.speculative else ()  # engine/budget.py; (): all drafts
