@@ -1,6 +1,6 @@
 """What binding the shipped drafter to the default model costs a decoding call (`SpecformerDrafts.bind`: the drafter's
 weights packed for the CPU kernels, the target's head cut to the draft vocabulary), the first time in a process and
-after, against what a call pays once the binding is kept (`runner.BOUND`).
+after, against what a call pays once the binding is kept (`engine/bound.py`).
 
     .venv/bin/python benchmarks/bind_cost.py --out benchmarks/results/bind_cost_cpu.json
     PYTHONPATH=/tmp/before .venv/bin/python benchmarks/bind_cost.py --out ...   # an older checkout's package
@@ -24,10 +24,14 @@ import specformer_jax
 from specformer_jax.checkpoints.loader import load_target
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.drafts import kinds
-from specformer_jax.decoding.engine import runner
 from specformer_jax.decoding.engine.plan import make_plan
 from specformer_jax.decoding.names import resolve_drafter
 from specformer_jax.files import write_json
+
+try:
+    from specformer_jax.decoding.engine.bound import BOUND
+except ImportError:  # an older checkout, from before bindings were kept
+    BOUND = None
 
 
 def timed(fn) -> float:
@@ -48,7 +52,7 @@ def main() -> None:
     source = lambda: kinds.draft_source(drafter, None, model.cfg, None)  # what each call makes
     first = timed(lambda: source().bind(plan, model.params))
     again = [timed(lambda: source().bind(plan, model.params)) for _ in range(args.repeats)]
-    bound = getattr(runner, "BOUND", None)  # absent before it was added: run under an older checkout to compare
+    bound = BOUND
     if bound is not None:
         bound.get(source(), plan, model.params)
     kept = [timed(lambda: bound.get(source(), plan, model.params)) for _ in range(args.repeats)] if bound else [0.0]

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_kernels.reference import ragged_attention_reference
 
@@ -45,16 +44,12 @@ def panel_count(n: int) -> int:
     return -(-n // PANEL)
 
 
-def pack_columns(w: jax.Array) -> jax.Array:
-    """[K, N] -> column panels [ceil(N / PANEL), K, PANEL], the last one padded with zero columns. A concrete array
-    is packed on the host with numpy, which compiles nothing (jnp's operations would compile one program per shape
-    the first time: seconds for a drafter's dozen matrices); a traced one with jnp."""
+def pack_columns(w: jax.Array, xp=jnp) -> jax.Array:
+    """[K, N] -> column panels [ceil(N / PANEL), K, PANEL], the last one padded with zero columns. xp: the array module
+    to pack with (numpy, for a concrete array on the host: nothing to compile)."""
     K, N = w.shape
     P = panel_count(N)
-    if isinstance(w, jax.core.Tracer):
-        return jnp.pad(w, ((0, 0), (0, P * PANEL - N))).reshape(K, P, PANEL).transpose(1, 0, 2)
-    panels = np.pad(np.asarray(w), ((0, 0), (0, P * PANEL - N))).reshape(K, P, PANEL).transpose(1, 0, 2)
-    return jnp.asarray(np.ascontiguousarray(panels))
+    return xp.pad(w, ((0, 0), (0, P * PANEL - N))).reshape(K, P, PANEL).transpose(1, 0, 2)
 
 
 def unpack_columns(panels: jax.Array, n: int) -> jax.Array:

@@ -20,6 +20,8 @@ from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import choose_drafts
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
+from specformer_jax.decoding.engine import bound
+from specformer_jax.decoding.engine.bound import BOUND
 from specformer_jax.decoding.engine.plan import DecodePlan
 from specformer_jax.decoding.engine.scheduler import decode_requests, run_to_end
 from specformer_jax.decoding.tuning.draft_len import default_draft_len, default_round
@@ -129,9 +131,12 @@ def test_specformer_drafter_is_lossless(model, rows, variant):
 
 
 def test_a_drafter_is_bound_to_a_target_once_and_lets_its_weights_go(model, tiny_checkpoints, monkeypatch):
-    """A second call with the same drafter and target weights decodes with what the first bound (runner.BOUND: the
+    """A second call with the same drafter and target weights decodes with what the first bound (engine/bound.py: the
     drafter packed for the CPU kernels, the target's head cut to its vocabulary), to the same tokens; another drafter
-    or another target's weights are bound anew; a target dropped is not kept alive by its binding."""
+    or another target's weights are bound anew; a dropped target or drafter takes its binding with it."""
+    if not model.use_decoding_layout(3).cfg.pack_weights:
+        pytest.skip("off the CPU kernels a binding holds the drafter's own weights and is not kept")
+    monkeypatch.setattr(bound, "SMALL", 1000)  # the tiny model's matrices count as large (matched by identity)
     binds = []
     bind = SpecformerDrafts.bind
     monkeypatch.setattr(SpecformerDrafts, "bind", lambda self, plan, p: binds.append(1) or bind(self, plan, p))
@@ -150,7 +155,12 @@ def test_a_drafter_is_bound_to_a_target_once_and_lets_its_weights_go(model, tiny
     gone = weakref.ref(jax.tree.leaves(twin.params["layers_0"])[0])
     del twin
     gc.collect()
-    assert gone() is None
+    assert gone() is None and len(BOUND) == 0
+    run(model, other)
+    gone = weakref.ref(jax.tree.leaves(other.params.weights)[0])
+    del other
+    gc.collect()
+    assert gone() is None and len(BOUND) == 0
 
 
 def test_perfect_drafter_accepts_everything(model):

@@ -22,10 +22,18 @@ from flax import linen as nn
 from flax import struct
 
 from pallas_kernels import ragged_attention_reference
-from pallas_kernels.cpu import pack_columns, panel_columns
+from pallas_kernels.cpu import panel_columns
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, rope, rope_table
+from specformer_jax.modeling.layers import (
+    RMSNorm,
+    SwiGLU,
+    dense,
+    logical_axes,
+    packed_columns,
+    rope,
+    rope_table,
+)
 from specformer_jax.modeling.target import Attention, Target
 
 
@@ -158,8 +166,8 @@ def apply_drafter(target_cfg: TargetConfig, cfg: DrafterConfig, params: DrafterP
 
 def pack_drafter(weights: dict) -> dict:
     """A drafter's weights in the layout of `Drafter(..., packed=True)`: every dense kernel as column panels for the
-    CPU kernels (pallas_kernels.cpu.pack_columns), the SwiGLU's gate and up in one ("gate_up", as the target's
-    packed layers). A copy: made once per decoding call (decoding/draft_source.py, `bind`).
+    CPU kernels (layers.packed_columns: on the host), the SwiGLU's gate and up in one ("gate_up", as the target's
+    packed layers). A copy: made when a source is bound to a target (decoding/draft_source.py, `bind`).
 
     Panels whose values bfloat16 holds exactly (a drafter's file stores them in bfloat16) are kept in bfloat16: the
     kernel reads half the bytes and sums the same float32 values, so the drafts are bitwise those of float32 panels.
@@ -167,7 +175,7 @@ def pack_drafter(weights: dict) -> dict:
     def one(p):
         if "kernel" not in p:
             return {n: one(q) for n, q in p.items()} if all(isinstance(q, dict) for q in p.values()) else p
-        return {"panels": _narrowed(pack_columns(p["kernel"])), **({"bias": p["bias"]} if "bias" in p else {})}
+        return {"panels": _narrowed(packed_columns(p["kernel"])), **({"bias": p["bias"]} if "bias" in p else {})}
 
     ffn = dict(weights["ffn"])
     gate, up = ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]
@@ -203,7 +211,7 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
         panels = target_params["embed" if target_cfg.tie_embeddings else "lm_head"]["panels"]
         columns = panel_columns(*((panels, vocab) if isinstance(panels, jax.core.Tracer) else map(np.asarray, (
             panels, vocab))))  # concrete: on the host, compiling nothing
-        head = {"panels": pack_columns(columns.T)}
+        head = {"panels": packed_columns(columns.T)}
         return cfg, {"final_norm": target_params["final_norm"], "lm_head": head}
     matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings
               else target_params["lm_head"]["kernel"][:, vocab])

@@ -13,7 +13,16 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
-from pallas_kernels.cpu import PANEL, packed_matmul, panel_columns, panel_count
+from pallas_kernels.cpu import PANEL, pack_columns, packed_matmul, panel_columns, panel_count
+
+
+def packed_columns(w: jax.Array) -> jax.Array:
+    """w [K, N] as the CPU kernels' column panels (`pack_columns`): packed on the host with numpy when w is concrete
+    (jnp's operations would compile a program per shape the first time: seconds for a drafter's dozen matrices),
+    in the trace when it is not."""
+    if isinstance(w, jax.core.Tracer):
+        return pack_columns(w)
+    return jnp.asarray(np.ascontiguousarray(pack_columns(np.asarray(w), np)))
 
 
 def with_axes(init, *axes: str | None):

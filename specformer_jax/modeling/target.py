@@ -21,7 +21,7 @@ import numpy as np
 from flax import linen as nn
 
 from pallas_kernels import ragged_attention
-from pallas_kernels.cpu import pack_columns, unpack_columns
+from pallas_kernels.cpu import unpack_columns
 from specformer_jax.config import TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache, write_tokens
 from specformer_jax.modeling.layers import (
@@ -30,6 +30,7 @@ from specformer_jax.modeling.layers import (
     SwiGLU,
     dense,
     logical_axes,
+    packed_columns,
     rope,
     rope_table,
     with_axes,
@@ -267,9 +268,9 @@ def decoding_params(cfg: TargetConfig, params, fuse: bool = False, pack: bool = 
 def _head_packed(cfg: TargetConfig, params) -> dict:
     """The embedding [V, d] as the panels of its transpose (`PackedEmbed`), an untied head's kernel [d, V] as
     panels (`PackedDense`)."""
-    out = {"embed": {"panels": pack_columns(params["embed"]["embedding"].T)}}
+    out = {"embed": {"panels": packed_columns(params["embed"]["embedding"].T)}}
     if not cfg.tie_embeddings:
-        out["lm_head"] = {"panels": pack_columns(params["lm_head"]["kernel"])}
+        out["lm_head"] = {"panels": packed_columns(params["lm_head"]["kernel"])}
     return out
 
 
@@ -287,7 +288,7 @@ def _packed(layer) -> dict:
     def one(p):
         if "kernel" not in p:  # norms
             return p
-        return {"panels": pack_columns(p["kernel"].reshape(p["kernel"].shape[0], -1)),
+        return {"panels": packed_columns(p["kernel"].reshape(p["kernel"].shape[0], -1)),
                 **({"bias": p["bias"].reshape(-1)} if "bias" in p else {})}
 
     return {**layer, "attn": {n: one(p) for n, p in layer["attn"].items()},

@@ -1,6 +1,5 @@
-"""What runs the engine's compiled functions and what a run adds up to: the compile cache (`COMPILED`), the draft
-sources bound to a target (`BOUND`), and `DecodeRun`, the tokens, times and counts of one call with the stats derived
-from them."""
+"""What runs the engine's compiled functions and what a run adds up to: the compile cache (`COMPILED`), and
+`DecodeRun`, the tokens, times and counts of one call with the stats derived from them."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import contextlib
 import dataclasses
 import functools
 import time
-import weakref
 from typing import Callable
 
 import jax
@@ -55,52 +53,6 @@ class CompiledFunctions:
 
 
 COMPILED = CompiledFunctions()
-
-
-class BoundSources:
-    """Draft sources bound to a target's parameters (the source's `bind`: the drafter's weights packed for the CPU
-    kernels, the target's head cut to the draft vocabulary), kept for the next call that decodes with the same
-    drafter weights and the same target weights, so that only the first call of a process pays for them (tens of ms a
-    call; seconds the first time, when every operation of the packing compiles). A source and a target match by the
-    identity of their arrays; the target's are held weakly, so a model whose layout is converted in place (or that is
-    dropped) lets its old weights go, and its entries with them. One per process (`BOUND`), the `capacity` most
-    recently used: one by default, since a binding holds some of its target's arrays (the final norm, the embedding)
-    and so keeps them alive until the next binding replaces it. A source's small arrays (a calibration table, made
-    anew for each call) match by value."""
-
-    def __init__(self, capacity: int = 1):
-        self.capacity = capacity
-        self._entries: list[tuple] = []  # (source's treedef, its arrays, weak refs to the target's arrays, bound)
-
-    def get(self, source, plan: DecodePlan, params):
-        """source.bind(plan, params), or the source bound earlier to these same arrays."""
-        mine, treedef = jax.tree.flatten(source)
-        theirs = jax.tree.leaves(params)
-        self._entries = [e for e in self._entries if all(ref() is not None for ref in e[2])]
-        for i, (key, arrays, refs, bound) in enumerate(self._entries):
-            if key == (treedef, plan.cfg) and _alike(arrays, mine) and _same([r() for r in refs], theirs):
-                self._entries.append(self._entries.pop(i))
-                return bound
-        bound = source.bind(plan, params)
-        self._entries.append(((treedef, plan.cfg), mine, [weakref.ref(x) for x in theirs], bound))
-        del self._entries[: -self.capacity]
-        return bound
-
-
-def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _alike(a: list, b: list) -> bool:
-    """The same arrays, those of up to SMALL elements equal in value instead."""
-    small = lambda x, y: x.size <= SMALL and x.shape == y.shape and x.dtype == y.dtype and bool(np.array_equal(x, y))
-    return len(a) == len(b) and all(x is y or small(x, y) for x, y in zip(a, b))
-
-
-SMALL = 1 << 16
-
-
-BOUND = BoundSources()
 
 
 ORIGIN_COUNTS = ("origin_rounds", "origin_emitted", "origin_accepted")  # Pool's counts by where drafts came from

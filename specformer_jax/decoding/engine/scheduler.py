@@ -25,6 +25,7 @@ import numpy as np
 
 from specformer_jax.decoding.acceptance.speculative import Verify
 from specformer_jax.decoding.engine import runner
+from specformer_jax.decoding.engine.bound import BOUND
 from specformer_jax.decoding.engine.budget import Sizes, budget_sizes
 from specformer_jax.decoding.engine.chunk import (
     chunk_widths,
@@ -62,7 +63,7 @@ class Engine:
 
     def __init__(self, plan: DecodePlan, params, source, accept, rounds: int, pool_size: int, max_len: int, mesh,
                  budget: int | Sizes = 0):
-        source = runner.BOUND.get(source, plan, params) if plan.speculative else None  # not in every chunk
+        source = BOUND.get(source, plan, params) if plan.speculative else None  # not in every chunk
         self.plan, self.params, self.source, self.accept, self.rounds, self.mesh = (plan, params, source, accept,
                                                                                   rounds, mesh)
         self.budget = budget_sizes(budget) if plan.speculative else ()  # engine/budget.py; (): all drafts
