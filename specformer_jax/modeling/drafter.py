@@ -25,15 +25,7 @@ from pallas_kernels import ragged_attention_reference
 from pallas_kernels.cpu import panel_columns
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.layers import (
-    RMSNorm,
-    SwiGLU,
-    dense,
-    logical_axes,
-    packed_columns,
-    rope,
-    rope_table,
-)
+from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, packed_columns, rope, rope_table
 from specformer_jax.modeling.target import Attention, Target
 
 
