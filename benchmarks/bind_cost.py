@@ -52,16 +52,15 @@ def main() -> None:
     source = lambda: kinds.draft_source(drafter, None, model.cfg, None)  # what each call makes
     first = timed(lambda: source().bind(plan, model.params))
     again = [timed(lambda: source().bind(plan, model.params)) for _ in range(args.repeats)]
-    bound = BOUND
-    if bound is not None:
-        bound.get(source(), plan, model.params)
-    kept = [timed(lambda: bound.get(source(), plan, model.params)) for _ in range(args.repeats)] if bound else [0.0]
+    if BOUND is not None:
+        BOUND.get(source(), plan, model.params)
+    kept = [timed(lambda: BOUND.get(source(), plan, model.params)) for _ in range(args.repeats)] if BOUND else [0.0]
     ms = lambda s: round(1e3 * s, 2)
     doc = {"command": "python " + " ".join(sys.argv), "device": jax.devices()[0].device_kind,
            "cpu_count": os.cpu_count(), "versions": {"python": platform.python_version(), "jax": jax.__version__},
            "package": os.path.dirname(specformer_jax.__file__), "layout": model.layout, "unit": "ms",
            "first_bind": ms(first), "bind": ms(statistics.median(again)),
-           "kept": ms(statistics.median(kept)) if bound else None,
+           "kept": ms(statistics.median(kept)) if BOUND else None,
            "runs": {"bind": [ms(s) for s in again], "kept": [ms(s) for s in kept]}}
     write_json(args.out, doc)
     print(f"first bind {doc['first_bind']} ms, later binds {doc['bind']} ms, kept {doc['kept']} ms", file=sys.stderr)

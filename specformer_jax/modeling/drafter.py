@@ -25,7 +25,16 @@ from pallas_kernels import ragged_attention_reference
 from pallas_kernels.cpu import panel_columns
 from specformer_jax.config import DrafterConfig, TargetConfig
 from specformer_jax.modeling.kv_cache import KVCache, target_cache
-from specformer_jax.modeling.layers import RMSNorm, SwiGLU, dense, logical_axes, packed_columns, rope, rope_table
+from specformer_jax.modeling.layers import (
+    RMSNorm,
+    SwiGLU,
+    array_module,
+    dense,
+    logical_axes,
+    packed_columns,
+    rope,
+    rope_table,
+)
 from specformer_jax.modeling.target import Attention, Target
 
 
@@ -171,17 +180,18 @@ def pack_drafter(weights: dict) -> dict:
 
     ffn = dict(weights["ffn"])
     gate, up = ffn.pop("gate")["kernel"], ffn.pop("up")["kernel"]
-    xp = jnp if isinstance(gate, jax.core.Tracer) else np  # concrete: on the host, compiling nothing
+    xp = array_module(gate)
     ffn["gate_up"] = {"kernel": xp.concatenate([xp.asarray(gate), xp.asarray(up)], axis=1)}
     return one({**weights, "ffn": ffn})
 
 
 def _narrowed(w: jax.Array) -> jax.Array:
     """w in bfloat16 where that loses nothing (checked on the host), else w; w itself under a trace."""
-    if w.dtype != jnp.float32 or isinstance(w, jax.core.Tracer):
+    if w.dtype != jnp.float32 or array_module(w) is jnp:
         return w
-    narrow = np.asarray(w).astype(jnp.bfloat16)
-    return jnp.asarray(narrow) if np.array_equal(narrow.astype(np.float32), np.asarray(w)) else w
+    wide = np.asarray(w)
+    narrow = wide.astype(jnp.bfloat16)
+    return jnp.asarray(narrow) if np.array_equal(narrow.astype(np.float32), wide) else w
 
 
 def next_token_embedding(target_params, next_tokens: jax.Array) -> jax.Array:
@@ -201,8 +211,8 @@ def vocab_head(target_cfg: TargetConfig, target_params, vocab: jax.Array | None)
     cfg = dataclasses.replace(target_cfg, vocab_size=vocab.shape[0], tie_embeddings=False)
     if target_cfg.pack_weights:  # the vocabulary's columns of the head's panels, packed again
         panels = target_params["embed" if target_cfg.tie_embeddings else "lm_head"]["panels"]
-        columns = panel_columns(*((panels, vocab) if isinstance(panels, jax.core.Tracer) else map(np.asarray, (
-            panels, vocab))))  # concrete: on the host, compiling nothing
+        xp = array_module(panels)
+        columns = panel_columns(xp.asarray(panels), xp.asarray(vocab))
         head = {"panels": packed_columns(columns.T)}
         return cfg, {"final_norm": target_params["final_norm"], "lm_head": head}
     matrix = (target_params["embed"]["embedding"][vocab].T if target_cfg.tie_embeddings

@@ -16,13 +16,18 @@ from jax.sharding import PartitionSpec
 from pallas_kernels.cpu import PANEL, pack_columns, packed_matmul, panel_columns, panel_count
 
 
+def array_module(x: jax.Array):
+    """numpy for a concrete array, jnp under a trace: what re-laying weights out once (packing, narrowing) computes
+    with, so that a concrete array's work runs on the host and compiles nothing (jnp's operations would compile a
+    program per shape the first time: seconds for a drafter's dozen matrices)."""
+    return jnp if isinstance(x, jax.core.Tracer) else np
+
+
 def packed_columns(w: jax.Array) -> jax.Array:
-    """w [K, N] as the CPU kernels' column panels (`pack_columns`): packed on the host with numpy when w is concrete
-    (jnp's operations would compile a program per shape the first time: seconds for a drafter's dozen matrices),
-    in the trace when it is not."""
-    if isinstance(w, jax.core.Tracer):
-        return pack_columns(w)
-    return jnp.asarray(np.ascontiguousarray(pack_columns(np.asarray(w), np)))
+    """w [K, N] as the CPU kernels' column panels (`pack_columns`), packed with `array_module(w)`."""
+    xp = array_module(w)
+    panels = pack_columns(xp.asarray(w), xp)
+    return panels if xp is jnp else jnp.asarray(np.ascontiguousarray(panels))
 
 
 def with_axes(init, *axes: str | None):
