@@ -22,6 +22,8 @@ import jax
 
 import specformer_jax
 from specformer_jax.checkpoints.loader import load_target
+from specformer_jax.checks import POSITIVE_INT
+from specformer_jax.cli.args import kind
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.drafts import kinds
 from specformer_jax.decoding.engine.plan import make_plan
@@ -42,8 +44,8 @@ def timed(fn) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--batch-size", type=kind(POSITIVE_INT), default=1)
+    ap.add_argument("--repeats", type=kind(POSITIVE_INT), default=9)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = load_target("default").use_decoding_layout(args.batch_size)
