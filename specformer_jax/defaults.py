@@ -21,7 +21,7 @@ CPU_DRAFT_LENS: dict[str, dict[int | range, int]] = {
 # (drafts per row, positions per round over the pool: every live row's last token and the most valuable drafts).
 # A pool size not listed here takes CPU_DRAFT_LENS, verified whole. The server takes both by its live rows.
 CPU_VERIFY_BUDGETS: dict[str, dict[int | range, tuple[int, int]]] = {
-    "specformer": {range(3, 5): (2, 8), range(6, 9): (2, 14)},  # 14: the kernel's register tile, one weight read
+    "specformer": {2: (4, 6), range(3, 5): (2, 8), range(6, 9): (2, 14)},  # 14: the kernel's register tile
 }
 # On a GPU or TPU: every trained slot of a SpecFormer drafter (a hybrid's too); a source without one (the n-gram
 # lookup alone) drafts this many.
@@ -81,6 +81,10 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # ran 0.99x and 1.03x and 3 drafts under 20 1.02x. So batch 6-8 verify 14 positions; batch 5 keeps k = 1 whole
     # (1.14x in draft_len_cpu_v14_b3458, no run of both side by side). The table checked by `specformer bench` at
     # batch 8 (16 requests): 1.06x, 1.02x and 1.19x on chat, code and editing; 1.11x on 64 chat requests.
+    # Batch 2, 4 drafts a row under 6 positions (the uniform k = 2's count, the most valuable of 8 drafts) against
+    # k = 2 whole, side by side in one run each (b2_budget_pairs): chat 1.42x, 1.41x, 1.45x against 1.29x, 1.38x,
+    # 1.38x; editing 1.33x against 1.25x; code 1.46x against 1.52x (its speculative tokens/s 130 against 127); 3
+    # drafts under 6 on chat 1.34x. Accepted length 1.84, 2.19, 1.93 against 1.79, 2.11, 1.89.
     "CPU_VERIFY_BUDGETS": tuple(_RESULTS + f"verify_budget_cpu_{name}.json" for name in (
         "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8",
         "auto_k2", "k2_plus4_b248",  # these two: a budget per round from measured costs did not beat the table
@@ -90,7 +94,10 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"{_RESULTS}b8_budget_sweep/{name}.json" for name in (
         "k2_14_n32", "k2_14_n64", "k2_18_n32", "k2_22_n32", "k3_20_n32"))
     + tuple(f"{_RESULTS}bench_cpu_budget14_{name}.json" for name in ("chat", "code", "editing"))
-    + (_RESULTS + "time_split_cpu_b8_chat.json",),
+    + (_RESULTS + "time_split_cpu_b8_chat.json",)
+    + tuple(f"{_RESULTS}b2_budget_pairs/dec02_{name}.json" for name in (
+        "chat_k4_6_1", "chat_k4_6_2", "chat_k4_6_3", "chat_k2_whole_1", "chat_k2_whole_2", "chat_k2_whole_3",
+        "chat_k3_6", "code_k4_6", "code_k2_whole", "editing_k4_6", "editing_k2_whole")),
     # Teacher-forced on development prompts (24 held-out chat, 16 editing), 3,502 points: slot 1 at match lengths
     # 1-4 accepted 16%, 52%, 71% and 83% of the time; 4 drafts at length 4 accept 2.67 on average.
     "NGRAM_ACCEPTANCE": (_RESULTS + "ngram_acceptance_dev.json",),

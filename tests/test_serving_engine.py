@@ -81,7 +81,7 @@ def test_requests_arriving_mid_flight_decode_as_alone(model, drafter, monkeypatc
 
 def test_three_or_four_live_requests_verify_the_default_budget_and_decode_as_alone(model):  # noqa: F811
     """With three or four rows live, a chunk runs the round `generate` runs for that batch on a CPU with its kernels
-    (defaults.CPU_VERIFY_BUDGETS: 2 drafts a row, 8 positions a round); with fewer, whole draft lengths."""
+    (defaults.CPU_VERIFY_BUDGETS: 2 drafts a row, 8 positions a round); with one, whole draft lengths."""
     if not model.use_decoding_layout(4).cfg.pack_weights:
         pytest.skip("the default budget is measured for the CPU kernels, which are not in use here")
     engine = ServingEngine(model, resolve_drafter("random", model), ServeConfig(slots=4, context=96, draft_len=None,
