@@ -84,7 +84,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # Batch 2, 4 drafts a row under 6 positions (the uniform k = 2's count, the most valuable of 8 drafts) against
     # k = 2 whole, side by side in one run each (b2_budget_pairs): chat 1.42x, 1.41x, 1.45x against 1.29x, 1.38x,
     # 1.38x; editing 1.33x against 1.25x; code 1.46x against 1.52x (its speculative tokens/s 130 against 127); 3
-    # drafts under 6 on chat 1.34x. Accepted length 1.84, 2.19, 1.93 against 1.79, 2.11, 1.89.
+    # drafts under 6 on chat 1.34x. Accepted length 1.84, 2.19, 1.93 against 1.79, 2.11, 1.89. A later full chat run
+    # with it (bench_cpu_b2budget_chat) read 1.30x at batch 2, its other batches too below the run before it.
     "CPU_VERIFY_BUDGETS": tuple(_RESULTS + f"verify_budget_cpu_{name}.json" for name in (
         "k2_plus4", "k3_plus6", "k2_budget8_b356", "uniform_defaults", "k2_plus8",
         "auto_k2", "k2_plus4_b248",  # these two: a budget per round from measured costs did not beat the table
@@ -97,7 +98,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + (_RESULTS + "time_split_cpu_b8_chat.json",)
     + tuple(f"{_RESULTS}b2_budget_pairs/dec02_{name}.json" for name in (
         "chat_k4_6_1", "chat_k4_6_2", "chat_k4_6_3", "chat_k2_whole_1", "chat_k2_whole_2", "chat_k2_whole_3",
-        "chat_k3_6", "code_k4_6", "code_k2_whole", "editing_k4_6", "editing_k2_whole")),
+        "chat_k3_6", "code_k4_6", "code_k2_whole", "editing_k4_6", "editing_k2_whole"))
+    + (_RESULTS + "bench_cpu_b2budget_chat.json",),
     # Teacher-forced on development prompts (24 held-out chat, 16 editing), 3,502 points: slot 1 at match lengths
     # 1-4 accepted 16%, 52%, 71% and 83% of the time; 4 drafts at length 4 accept 2.67 on average.
     "NGRAM_ACCEPTANCE": (_RESULTS + "ngram_acceptance_dev.json",),
