@@ -146,8 +146,10 @@ def test_a_drafter_is_bound_to_a_target_once_and_lets_its_weights_go(model, tiny
     first = run(model, drafter)
     assert run(model, drafter) == first == generate(model, PROMPTS[:3], max_new_tokens=8).token_ids
     assert len(binds) == 1
+    (replaced,) = BOUND._entries
     run(model, other)
     assert len(binds) == 2
+    assert not any(f.alive for f in replaced.finalizers)  # the model lives on, without a finalizer per old binding
     twin = load_target(tiny_checkpoints["qwen2"])
     assert run(twin, other) == run(model, other)
     assert len(binds) == 4  # the twin's arrays are not the model's: bound for each in turn

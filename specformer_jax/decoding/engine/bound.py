@@ -44,34 +44,49 @@ class BoundSources:
         if entry is None:
             bound = source.bind(plan, params)
             held = {id(x) for x in jax.tree.leaves(bound)}
-            if any(id(x) in held for x in mine if np.size(x) > SMALL):
+            if any(id(x) in held for x in mine if _large(x)):
                 return bound  # it holds the source's own weights: kept, it would keep a dropped drafter alive
-            entry = _Binding(next(self._tokens), key, arrays, bound)
-            for x in arrays:
-                if np.size(x) > SMALL:
-                    weakref.finalize(x, self._drop, entry.token)
+            entry = _Binding(next(self._tokens), key, arrays, bound, self._drop)
         # lists are replaced, never changed in place: a finalizer may drop an entry at any allocation
         others = [e for e in self._entries if e is not entry]
-        self._entries = others[max(len(others) + 1 - self.capacity, 0):] + [entry]
+        cut = max(len(others) + 1 - self.capacity, 0)
+        for old in others[:cut]:
+            old.release()
+        self._entries = others[cut:] + [entry]
         return entry.bound
 
     def _drop(self, token: int) -> None:
+        for e in self._entries:
+            if e.token == token:
+                e.release()
         self._entries = [e for e in self._entries if e.token != token]
 
 
 class _Binding:
-    def __init__(self, token: int, key, arrays: list, bound):
+    def __init__(self, token: int, key, arrays: list, bound, drop):
         self.token, self.key, self.bound = token, key, bound
-        self.held = [weakref.ref(x) if np.size(x) > SMALL else np.asarray(x) for x in arrays]
+        self.held = [weakref.ref(x) if _large(x) else np.asarray(x) for x in arrays]
+        # one per large array: whichever dies first calls drop(token)
+        self.finalizers = [weakref.finalize(x, drop, token) for x in arrays if _large(x)]
+
+    def release(self) -> None:
+        """Detach the finalizers of a binding that leaves the cache, so that arrays living on (a target decoded
+        with many drafters) do not gather one per binding they were ever part of."""
+        for f in self.finalizers:
+            f.detach()
 
     def matches(self, key, arrays: list) -> bool:
         return key == self.key and len(arrays) == len(self.held) and all(map(_same, self.held, arrays))
 
 
+def _large(x) -> bool:
+    return np.size(x) > SMALL
+
+
 def _same(held, x) -> bool:
     if isinstance(held, weakref.ref):
         return held() is x
-    return np.size(x) <= SMALL and np.asarray(x).dtype == held.dtype and np.array_equal(held, np.asarray(x))
+    return not _large(x) and np.asarray(x).dtype == held.dtype and np.array_equal(held, np.asarray(x))
 
 
 BOUND = BoundSources()
