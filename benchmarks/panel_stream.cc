@@ -12,8 +12,11 @@
 //   inc=$(.venv/bin/python -c 'import jax; print(jax.ffi.include_dir())')
 //   g++ -O3 -march=native -std=gnu++17 -pthread -w -I"$inc" benchmarks/panel_stream.cc -o /tmp/panel_stream
 //   /tmp/panel_stream > benchmarks/results/panel_stream_cpu.json
+// An optional argument lists the rows per pass (`/tmp/panel_stream 1,2,4`); benchmarks/prefetch_sweep.py builds this
+// with the kernel's prefetch settings overridden.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -73,7 +76,24 @@ std::string cpu_model() {
   return model;
 }
 
-int main() {
+// Row counts from "1,4,8" (argv[1]), or the default list.
+std::vector<int> row_counts(int argc, char** argv) {
+  if (argc < 2) return {1, 4, 8, 12, 14, 16, 24, 64};
+  std::vector<int> counts;
+  for (const char* p = argv[1]; *p;) {
+    char* end;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p || n < 1 || n > 64) {
+      std::fprintf(stderr, "panel_stream: rows must be a comma-separated list of 1-64, got '%s'\n", argv[1]);
+      std::exit(2);
+    }
+    counts.push_back(static_cast<int>(n));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return counts;
+}
+
+int main(int argc, char** argv) {
   const int shapes[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
   std::vector<Matrix> matrices;
   for (int layer = 0; layer < 30; ++layer)
@@ -82,9 +102,10 @@ int main() {
   for (auto& m : matrices)
     for (size_t i = 0; i < m.panels.size(); ++i) m.panels[i] = float((i * 2654435761u) % 1000) * 1e-4f;
   std::vector<float> cached(1536 * kPanel, 1e-3f), x(64 * 1536, 1e-2f), y(64 * 49152);
-  const int counts[] = {1, 4, 8, 12, 14, 16, 24, 64};
-  constexpr int kCounts = sizeof(counts) / sizeof(counts[0]);
-  std::vector<double> ms[kWays][kCounts];
+  const std::vector<int> counts = row_counts(argc, argv);
+  const int kCounts = static_cast<int>(counts.size());
+  std::vector<std::vector<double>> ms[kWays];
+  for (auto& way : ms) way.resize(kCounts);
   Helper helper;
   for (int round = 0; round < 9; ++round)  // the first untimed
     for (int c = 0; c < kCounts; ++c)

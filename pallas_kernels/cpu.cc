@@ -46,7 +46,16 @@ typedef int32_t ivec __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
 constexpr int kPanelRows = 14;       // rows of x per register tile in the packed kernel: 28 sums, 2 weights, 1 x
-constexpr int kPrefetchRows = 16;    // panel rows (128 bytes each) read ahead
+// The weight stream is prefetched this many panel rows ahead (6 KB of float32) into L2 (`prefetcht1`, locality 2):
+// on a 2-core Xeon VM, passes of 3-22 rows ran 4-18% faster so than 16 rows ahead into L1, 1-2 rows level
+// (benchmarks/results/prefetch_l2/). benchmarks/prefetch_sweep.py overrides both to compare.
+#ifndef SPECFORMER_PREFETCH_ROWS
+#define SPECFORMER_PREFETCH_ROWS 48
+#endif
+#ifndef SPECFORMER_PREFETCH_LOCALITY
+#define SPECFORMER_PREFETCH_LOCALITY 2
+#endif
+constexpr int kPrefetchRows = SPECFORMER_PREFETCH_ROWS;
 constexpr int64_t kInlineWork = 1 << 17;  // multiply-adds below which a call runs on the calling thread alone
 
 inline vec load(const float* p) {
@@ -164,8 +173,8 @@ void panel_tile(const float* __restrict x, int K, const W* __restrict panel, flo
   for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
   for (int k = 0; k < K; ++k) {
     const W* w = panel + static_cast<size_t>(k) * kPanel;
-    __builtin_prefetch(w + kPrefetchRows * kPanel);
-    __builtin_prefetch(w + kPrefetchRows * kPanel + kLanes);
+    __builtin_prefetch(w + kPrefetchRows * kPanel, 0, SPECFORMER_PREFETCH_LOCALITY);
+    __builtin_prefetch(w + kPrefetchRows * kPanel + kLanes, 0, SPECFORMER_PREFETCH_LOCALITY);
     const vec w0 = load_weights(w), w1 = load_weights(w + kLanes);
     for (int m = 0; m < R; ++m) {
       const float s = x[static_cast<size_t>(m) * K + k];
