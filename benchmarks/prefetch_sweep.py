@@ -23,12 +23,22 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import jax
 
+from pallas_kernels.cpu import _compiler
+from specformer_jax.checks import POSITIVE_INT
+from specformer_jax.cli.args import kind
 from specformer_jax.files import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit 2, as for bad arguments."""
+    print(f"prefetch_sweep: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def variant(text: str) -> tuple[int, int]:
@@ -41,27 +51,40 @@ def variant(text: str) -> tuple[int, int]:
     return rows, locality
 
 
+def row_counts(text: str) -> str:
+    """`--rows` as panel_stream.cc takes it: 1-64 rows a pass, comma-separated."""
+    if not all(part.isdigit() and 1 <= int(part) <= 64 for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of 1-64, e.g. 1,4,8")
+    return text
+
+
 def build(compiler: str, rows: int, locality: int, out: Path) -> None:
     cmd = [compiler, "-O3", "-march=native", "-std=gnu++17", "-pthread", "-w", f"-I{jax.ffi.include_dir()}",
            f"-DSPECFORMER_PREFETCH_ROWS={rows}", f"-DSPECFORMER_PREFETCH_LOCALITY={locality}",
            str(ROOT / "benchmarks" / "panel_stream.cc"), "-o", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        fail(f"cannot run the compiler {compiler!r}: {e.strerror}")
     if done.returncode:
-        raise SystemExit(f"prefetch_sweep: building {rows}:{locality} failed: {done.stderr.strip()[:400]}")
+        fail(f"building {rows}:{locality} failed: {' '.join(done.stderr.split())[:400]}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default="16:3,48:2", help="ROWS:LOCALITY,... (see the module's docstring)")
-    ap.add_argument("--rows", default="1,2,3,4,6,8,14,22", help="rows of x per pass, e.g. 1,4,8")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each build, in turn")
+    ap.add_argument("--rows", type=row_counts, default="1,2,3,4,6,8,14,22", help="rows of x per pass, e.g. 1,4,8")
+    ap.add_argument("--repeats", type=kind(POSITIVE_INT), default=3, help="runs of each build, in turn")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     try:
         variants = [variant(v) for v in args.variants.split(",")]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
-    compiler = os.environ.get("CXX") or "g++"
+    try:
+        compiler = _compiler()  # the one the kernels are built with
+    except RuntimeError as e:
+        fail(str(e))
     times: dict[str, dict[str, list[float]]] = {f"{r}:{loc}": {} for r, loc in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for rows, locality in variants:
@@ -69,7 +92,9 @@ def main() -> None:
         for _ in range(args.repeats):
             for rows, locality in variants:
                 run = subprocess.run([str(Path(tmp) / f"ps_{rows}_{locality}"), args.rows], capture_output=True,
-                                     text=True, check=True)
+                                     text=True)
+                if run.returncode:
+                    fail(f"the {rows}:{locality} build failed: {' '.join(run.stderr.split())[:400]}")
                 doc = json.loads(run.stdout)
                 for n, ways in doc["rows"].items():
                     times[f"{rows}:{locality}"].setdefault(n, []).append(ways["tile14"])

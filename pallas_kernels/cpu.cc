@@ -47,7 +47,7 @@ constexpr int kLanes = 16;
 constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
 constexpr int kPanelRows = 14;       // rows of x per register tile in the packed kernel: 28 sums, 2 weights, 1 x
 // The weight stream is prefetched this many panel rows ahead (6 KB of float32) into L2 (`prefetcht1`, locality 2):
-// on a 2-core Xeon VM, passes of 3-22 rows ran 4-18% faster so than 16 rows ahead into L1, 1-2 rows level
+// on a 2-core Xeon VM, passes of 3-22 rows ran 4-18% faster than with 16 rows ahead into L1, 1-2 rows level
 // (benchmarks/results/prefetch_l2/). benchmarks/prefetch_sweep.py overrides both to compare.
 #ifndef SPECFORMER_PREFETCH_ROWS
 #define SPECFORMER_PREFETCH_ROWS 48
