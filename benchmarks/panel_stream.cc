@@ -1,19 +1,18 @@
 // What a decoding step's matrix products cost on this CPU as the rows grow, outside XLA: the packed-panel product of
-// pallas_kernels/cpu.cc (included: its own register tiles, at two heights) over the default model's weight shapes
+// pallas_kernels/cpu.cc (included: its own register tiles and prefetch) over the default model's weight shapes
 // (30 layers' q/k/v, o, gate/up and down, and the LM head: 538 MB of float32 panels, values arbitrary), split over
 // two threads by panels.
-// Three ways, interleaved, medians of 8 timed rounds:
-//   tile8     register tiles of 8 rows (kPanelRows before 2026-11-29)
-//   tile14    register tiles of 14 rows (kPanelRows since)
-//   compute   tiles of 8 rows, every product reading one small panel that stays cached: the arithmetic alone
-// A pass whose time is tile8's memory pass (rows = 1) plus the compute column's growth adds its arithmetic to the
-// weight stream rather than hiding it under it; one tile of 14 reads the stream once for up to 14 rows.
+// Two ways, interleaved, medians of 8 timed rounds:
+//   kernel    the kernel's tiles (kPanelRows rows) over the model's panels
+//   compute   the same tiles, every product reading one small panel that stays cached: the arithmetic alone
+// A pass whose time is the kernel's memory pass (rows = 1) plus the compute column's growth adds its arithmetic to
+// the weight stream rather than hiding it under it.
 //
 //   inc=$(.venv/bin/python -c 'import jax; print(jax.ffi.include_dir())')
 //   g++ -O3 -march=native -std=gnu++17 -pthread -w -I"$inc" benchmarks/panel_stream.cc -o /tmp/panel_stream
 //   /tmp/panel_stream > benchmarks/results/panel_stream_cpu.json
 // An optional argument lists the rows per pass (`/tmp/panel_stream 1,2,4`); benchmarks/prefetch_sweep.py builds this
-// with the kernel's prefetch settings overridden.
+// with the kernel's prefetch settings (or its tile height, SPECFORMER_PANEL_ROWS) overridden.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,19 +22,15 @@
 #include "../pallas_kernels/cpu.cc"
 
 struct Matrix { int K, N; std::vector<float> panels; };
-enum Way { kTile8, kTile14, kCompute, kWays };
-const char* kNames[kWays] = {"tile8", "tile14", "compute"};
+enum Way { kKernel, kCompute, kWays };
+const char* kNames[kWays] = {"kernel", "compute"};
 
 void product(Way way, const float* x, int M, const Matrix& w, const float* cached, float* y, int p0, int p1) {
-  const int T = way == kTile14 ? 14 : 8;
+  if (way == kKernel) return packed_units(x, M, w.K, w.panels.data(), y, w.N, p0, p1);
   for (int p = p0; p < p1; ++p)
-    for (int m0 = 0; m0 < M; m0 += T) {
-      const float* panel = way == kCompute ? cached : w.panels.data() + static_cast<size_t>(p) * w.K * kPanel;
-      const float* xs = x + static_cast<size_t>(m0) * w.K;
-      float* ys = y + static_cast<size_t>(m0) * w.N + p * kPanel;
-      if (T == 14) panel_rows<14>(std::min(14, M - m0), xs, w.K, panel, ys, w.N);
-      else panel_rows<8>(std::min(8, M - m0), xs, w.K, panel, ys, w.N);
-    }
+    for (int m0 = 0; m0 < M; m0 += kPanelRows)
+      panel_rows<kPanelRows>(std::min(kPanelRows, M - m0), x + static_cast<size_t>(m0) * w.K, w.K, cached,
+                             y + static_cast<size_t>(m0) * w.N + p * kPanel, w.N);
 }
 
 // The second thread: runs `work` each time `generation` moves on, then reports it done.
@@ -125,6 +120,7 @@ int main(int argc, char** argv) {
               " -o /tmp/panel_stream && /tmp/panel_stream\",\n");
   std::printf(" \"device\": \"%s\",\n \"cpu_count\": %u,\n \"compiler\": \"%s\",\n", cpu_model().c_str(),
               std::thread::hardware_concurrency(), __VERSION__);
+  std::printf(" \"lanes\": %d,\n \"tile_rows\": %d,\n", kLanes, kPanelRows);
   std::printf(" \"unit\": \"ms per pass over every matrix, median of 8\",\n \"rows\": {\n");
   for (int c = 0; c < kCounts; ++c) {
     std::printf("  \"%d\": {", counts[c]);

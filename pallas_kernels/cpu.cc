@@ -4,9 +4,9 @@
 // weights and of the valid cache, whatever the number of rows.
 //
 //   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
-//              by row), so a panel streams contiguously while the sums of up to 14 rows of x stay in registers
-//              (a pass of up to 14 rows reads each weight from memory once). XLA's own CPU matmuls
-//              for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
+//              by row), so a panel streams contiguously while the sums of a tile of rows of x stay in registers
+//              (14 rows with AVX-512, 3 with AVX2; a pass's later tiles read the panel again from cache, so a
+//              pass reads each weight from memory once). XLA's own CPU matmuls for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
 //              the panels of its transpose). Panels come in float32 or bfloat16 (a drafter's weights, stored in
 //              bfloat16: half the bytes to read, the same sums).
 //   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] with per-row lengths,
@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -41,11 +41,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float vec __attribute__((vector_size(64)));    // 16 floats: one AVX-512 register, two AVX2 ones
-typedef int32_t ivec __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-constexpr int kPanel = 32;           // columns per panel (pallas_kernels.cpu.PANEL)
-constexpr int kPanelRows = 14;       // rows of x per register tile in the packed kernel: 28 sums, 2 weights, 1 x
+// The vectors are the machine's own registers: 16 floats with AVX-512, 8 with AVX, 4 elsewhere (SSE, NEON); a GCC
+// vector wider than the registers lives on the stack (on an AVX2 EPYC, 16-float vectors made a pass over the
+// weights 2.3x slower for one row and 18x for 14: benchmarks/results/native_vectors/).
+// kPanelRows: rows of x per register tile in the packed kernel, their sums (kPanelVecs a row) held in registers.
+// AVX-512: 14 rows, 28 sums, 2 weights and a broadcast x. AVX2: 3 rows, 12 sums and a broadcast x, the weights
+// read by the multiply-adds (on the EPYC, passes of 3-14 rows ran faster in tiles of 3 than of 2 or 4). Elsewhere
+// one row a tile for 16 registers of 4 floats, 3 for 32. SPECFORMER_PANEL_ROWS overrides (benchmarks/prefetch_sweep.py).
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kRegisters = 32, kTileRows = 14;
+#elif defined(__AVX__)
+constexpr int kLanes = 8, kRegisters = 16, kTileRows = 3;
+#elif defined(__aarch64__)
+constexpr int kLanes = 4, kRegisters = 32, kTileRows = 3;
+#else
+constexpr int kLanes = 4, kRegisters = 16, kTileRows = 1;
+#endif
+typedef float vec __attribute__((vector_size(4 * kLanes)));
+typedef int32_t ivec __attribute__((vector_size(4 * kLanes)));
+constexpr int kPanel = 32;                   // columns per panel (pallas_kernels.cpu.PANEL)
+constexpr int kPanelVecs = kPanel / kLanes;  // vectors per panel row
+#ifndef SPECFORMER_PANEL_ROWS
+#define SPECFORMER_PANEL_ROWS kTileRows
+#endif
+constexpr int kPanelRows = SPECFORMER_PANEL_ROWS;
 // The weight stream is prefetched this many panel rows ahead (6 KB of float32) into L2 (`prefetcht1`, locality 2):
 // on a 2-core Xeon VM, passes of 3-22 rows ran 4-18% faster than with 16 rows ahead into L1, 1-2 rows level
 // (benchmarks/results/prefetch_l2/). benchmarks/prefetch_sweep.py overrides both to compare.
@@ -68,17 +87,15 @@ inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline vec splat(float s) { return vec{} + s; }
 
-inline float hsum(vec v) {  // by halves: 16 -> 8 -> 4 lanes, then scalars
-  typedef float half __attribute__((vector_size(32)));
+inline float hsum(vec v) {  // by halves, down to 4 lanes, then scalars
   typedef float quarter __attribute__((vector_size(16)));
-  half a, b;
-  std::memcpy(&a, &v, sizeof(a));
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof(a), sizeof(b));
-  a += b;
-  quarter c, d;
-  std::memcpy(&c, &a, sizeof(c));
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof(c), sizeof(d));
-  c += d;
+  quarter c;
+  std::memcpy(&c, &v, sizeof(c));
+  for (int i = 4; i < kLanes; i += 4) {
+    quarter d;
+    std::memcpy(&d, reinterpret_cast<const char*>(&v) + 4 * i, sizeof(d));
+    c += d;
+  }
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
@@ -151,9 +168,9 @@ void run_units(ffi::ThreadPool& pool, int units, int64_t work, std::function<voi
 // Matrix products
 //===--------------------------------------------------------------------------------------------------------===//
 
-typedef uint16_t bf16vec __attribute__((vector_size(32)));  // 16 bfloat16 values
+typedef uint16_t bf16vec __attribute__((vector_size(2 * kLanes)));  // kLanes bfloat16 values
 
-// 16 weights as float32: float32 panels as they are, bfloat16 ones widened (exactly: their bits moved up 16).
+// kLanes weights as float32: float32 panels as they are, bfloat16 ones widened (exactly: their bits moved up 16).
 inline vec load_weights(const float* p) { return load(p); }
 
 inline vec load_weights(const uint16_t* p) {
@@ -169,23 +186,23 @@ inline vec load_weights(const uint16_t* p) {
 // or uint16_t (bfloat16 panels, half the bytes to read; the sums are the same as of the widened float32 panels).
 template <int R, typename W>
 void panel_tile(const float* __restrict x, int K, const W* __restrict panel, float* __restrict y, int N) {
-  vec acc[R][2];
-  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = vec{};
+  vec acc[R][kPanelVecs];
+  for (int m = 0; m < R; ++m)
+    for (int i = 0; i < kPanelVecs; ++i) acc[m][i] = vec{};
   for (int k = 0; k < K; ++k) {
     const W* w = panel + static_cast<size_t>(k) * kPanel;
-    __builtin_prefetch(w + kPrefetchRows * kPanel, 0, SPECFORMER_PREFETCH_LOCALITY);
-    __builtin_prefetch(w + kPrefetchRows * kPanel + kLanes, 0, SPECFORMER_PREFETCH_LOCALITY);
-    const vec w0 = load_weights(w), w1 = load_weights(w + kLanes);
+    for (int i = 0; i < kPanel * static_cast<int>(sizeof(W)); i += 64)  // each cache line of the row ahead
+      __builtin_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kPanel) + i, 0,
+                         SPECFORMER_PREFETCH_LOCALITY);
+    vec wk[kPanelVecs];
+    for (int i = 0; i < kPanelVecs; ++i) wk[i] = load_weights(w + i * kLanes);
     for (int m = 0; m < R; ++m) {
       const float s = x[static_cast<size_t>(m) * K + k];
-      acc[m][0] += s * w0;
-      acc[m][1] += s * w1;
+      for (int i = 0; i < kPanelVecs; ++i) acc[m][i] += s * wk[i];
     }
   }
-  for (int m = 0; m < R; ++m) {
-    store(y + static_cast<size_t>(m) * N, acc[m][0]);
-    store(y + static_cast<size_t>(m) * N + kLanes, acc[m][1]);
-  }
+  for (int m = 0; m < R; ++m)
+    for (int i = 0; i < kPanelVecs; ++i) store(y + static_cast<size_t>(m) * N + i * kLanes, acc[m][i]);
 }
 
 // Tiles of a compile-time height R, the last one `rows` high (dispatch by recursion on R).
@@ -278,8 +295,8 @@ inline void key_range(const AttentionShape& a, int length, int t, int* lo, int* 
   *lo = a.window > 0 ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(pos - a.window + 1, 0), *hi)) : 0;
 }
 
-// block [D, 16] = keys kb [n, D] (n <= 16) transposed, the lanes of missing keys zero. With AVX-512, 16 x 16 at a
-// time in registers (four rounds of lane shuffles); elsewhere element by element.
+// block [D, kLanes] = keys kb [n, D] (n <= kLanes) transposed, the lanes of missing keys zero. With AVX-512, 16 x 16
+// at a time in registers (four rounds of lane shuffles), with AVX 8 x 8 (three rounds); elsewhere element by element.
 void transpose_keys(const float* kb, int n, int D, float* block) {
 #if defined(__AVX512F__)
   for (int d0 = 0; d0 < D; d0 += kLanes) {
@@ -307,13 +324,34 @@ void transpose_keys(const float* kb, int n, int D, float* block) {
     }
     for (int i = 0; i < kLanes; ++i) _mm512_storeu_ps(block + static_cast<size_t>(d0 + i) * kLanes, r[i]);  // row d
   }
+#elif defined(__AVX__)
+  for (int d0 = 0; d0 < D; d0 += kLanes) {
+    __m256 r[kLanes], t[kLanes];
+    for (int i = 0; i < kLanes; ++i)
+      r[i] = i < n ? _mm256_loadu_ps(kb + static_cast<size_t>(i) * D + d0) : _mm256_setzero_ps();
+    for (int i = 0; i < kLanes; i += 2) {  // pairs of keys, element by element
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < kLanes; i += 4) {  // fours of keys: elements e and e + 4 of keys i..i+3 in r[i + e]
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; ++i) {  // all 8 keys: the 128-bit halves of keys 0-3 and 4-7 joined
+      t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+      t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < kLanes; ++i) _mm256_storeu_ps(block + static_cast<size_t>(d0 + i) * kLanes, t[i]);  // row d
+  }
 #else
   for (int d = 0; d < D; ++d)
     for (int i = 0; i < kLanes; ++i) block[d * kLanes + i] = i < n ? kb[static_cast<size_t>(i) * D + d] : 0.0f;
 #endif
 }
 
-// Scores of R query rows against 16 keys held transposed in `block` [D, 16]: R independent sums per lane.
+// Scores of R query rows against kLanes keys held transposed in `block` [D, kLanes]: R independent sums per lane.
 template <int R>
 void score_rows(const float* const* rows, const float* block, int D, float scale, float* const* out, int n) {
   vec acc[R];
@@ -339,8 +377,8 @@ void score_tile(int rows, const float* const* q, const float* block, int D, floa
   score_rows<R>(q, block, D, scale, out, n);
 }
 
-// out[r][0, 16 NV) = sum over keys j in [lo, hi) of p[r][j - j0] * v_j[0, 16 NV): R rows' sums in registers, each
-// value row read once for all of them.
+// out[r][0, kLanes NV) = sum over keys j in [lo, hi) of p[r][j - j0] * v_j[0, kLanes NV): R rows' sums in registers,
+// each value row read once for all of them.
 template <int R, int NV>
 void weigh_values(const float* const* p, int j0, const float* v, int D, int lo, int hi, float* const* out) {
   vec acc[R][NV];
@@ -368,6 +406,9 @@ void weigh_values_nv(int nv, const float* const* p, int j0, const float* v, int 
 }
 
 constexpr int kGroup = 4;  // query rows whose sums share the registers
+// vectors of each value row summed at once: kGroup rows' sums, the value row's vectors and a broadcast weight in
+// registers (4 with 32 registers, 3 with 16)
+constexpr int kValueVecs = std::min(4, (kRegisters - 1) / (kGroup + 1));
 
 // One unit: the `tokens` query tokens of a run of rows that read one cache row (kh, vh: its keys and values for KV
 // head h), token i at q + i H D, seeing keys [lo[i], hi[i]), written at out + i H D (D a multiple of 16). The run's
@@ -383,12 +424,12 @@ void attention_unit(const AttentionShape& a, const float* q, const float* kh, co
   scratch.assign(static_cast<size_t>(rows) * (width + D) + static_cast<size_t>(D) * kLanes, 0.0f);
   float* scores = scratch.data();                                   // [rows, width], key j at column j - j0
   float* acc = scratch.data() + static_cast<size_t>(rows) * width;  // [rows, D]
-  float* block = acc + static_cast<size_t>(rows) * D;               // [D, 16]: 16 keys, transposed
+  float* block = acc + static_cast<size_t>(rows) * D;               // [D, kLanes]: kLanes keys, transposed
   const float* qh = q + static_cast<size_t>(h) * G * D;
   auto query = [&](int r) { return qh + (static_cast<size_t>(r / G) * a.H + r % G) * D; };
   const float* rows_q[kScoreRows];
   float* rows_out[kScoreRows];
-  for (int jb = j0; jb < j1; jb += kLanes) {  // scores, 16 keys at a time: each key read once
+  for (int jb = j0; jb < j1; jb += kLanes) {  // scores, kLanes keys at a time: each key read once
     const int n = std::min(kLanes, j1 - jb);
     transpose_keys(kh + static_cast<size_t>(jb) * D, n, D, block);
     int R = 0;  // the rows of every token that sees one of these keys, kScoreRows at a time
@@ -412,9 +453,9 @@ void attention_unit(const AttentionShape& a, const float* q, const float* kh, co
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: zeros, as the reference
         rows_p[r] = p;
       }
-      for (int d0 = 0; d0 < D; d0 += 4 * kLanes) {
+      for (int d0 = 0; d0 < D; d0 += kValueVecs * kLanes) {
         for (int r = 0; r < R; ++r) rows_out[r] = acc + static_cast<size_t>(t * G + g0 + r) * D + d0;
-        const int nv = std::min(4, (D - d0) / kLanes);
+        const int nv = std::min(kValueVecs, (D - d0) / kLanes);
         const int l = std::max(lo[t], j0), u = std::max(hi[t], l);
         switch (R) {
           case 4: weigh_values_nv<4>(nv, rows_p, j0, vh + d0, D, l, u, rows_out); break;

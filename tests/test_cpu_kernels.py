@@ -1,14 +1,15 @@
 """The CPU kernels (pallas_kernels/cpu.cc, built on first use) against numpy in float64 and the jnp references: the
 packed and rows matrix products (any shape, leading dimensions, a row's product the same bit for bit however many
-rows come with it, bfloat16 panels, gradients), and what decoding does where they cannot be built (a one-line note,
-XLA's matmuls, the same tokens), a drafter packed as the target is. The attention kernel is held against the
-reference with the other kernels in test_kernels.py."""
+rows come with it, bfloat16 panels, gradients), built for each vector width this CPU runs, and what decoding does
+where they cannot be built (a one-line note, XLA's matmuls, the same tokens), a drafter packed as the target is. The
+attention kernel is held against the reference with the other kernels in test_kernels.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -149,3 +150,50 @@ def test_without_a_compiler_decoding_runs_on_xla_and_gives_the_same_tokens(tmp_p
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("SPECFORMER_CPU_KERNELS", "0")
     assert not cpu_kernels_ready(load_target("random:tiny", dtype="float32").cfg)
+
+
+WIDTH_SCRIPT = """
+import sys
+from pathlib import Path
+import jax.numpy as jnp
+import numpy as np
+from pallas_kernels import cpu
+from pallas_kernels.reference import ragged_attention_reference
+cpu.ARCH_FLAGS = ((sys.argv[1],),)
+assert cpu.build_cpu_kernels(Path(sys.argv[2])) is None
+rng = np.random.default_rng(0)
+for M, K, N in %r:
+    x, w = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        panels = cpu.pack_columns(jnp.asarray(w)).astype(dtype)
+        got = cpu.packed_matmul(jnp.asarray(x), panels, N)
+        want = x.astype(np.float64) @ np.asarray(cpu.unpack_columns(panels, N), np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+        np.testing.assert_array_equal(cpu.packed_matmul(jnp.asarray(x[-1:]), panels, N), got[-1:])
+lens = jnp.asarray([5, 64, 100], jnp.int32)
+q = jnp.asarray(rng.standard_normal((3, 5, 8, 64)), jnp.float32)
+k, v = (jnp.asarray(rng.standard_normal((3, 2, 100, 64)), jnp.float32) for _ in "kv")
+for window in (None, 32):
+    got = cpu.cached_attention(q, k[None], v[None], lens, 0, sliding_window=window)
+    want = ragged_attention_reference(q, k, v, lens, sliding_window=window)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+"""
+# x86-64 targets by vector width (4, 8 and 16 floats) and the CPU flags each needs
+WIDTHS = {"x86-64": set(), "x86-64-v3": {"avx2", "fma"}, "x86-64-v4": {"avx512f", "avx512bw", "avx512vl"}}
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return set(next((line for line in f if line.startswith("flags")), "").split())
+
+
+@pytest.mark.parametrize("march", sorted(WIDTHS))
+def test_every_vector_width_this_cpu_runs_computes_the_same_products(tmp_path, march):
+    """The kernels built for SSE2 (vectors of 4 floats, tiles of 1 row), AVX2 (8, 3 rows) and AVX-512 (16, 14 rows)
+    where this CPU runs them, whatever -march=native picks here: products against numpy in float64 with float32
+    and bfloat16 panels, a row's product the same alone and among others, attention against the reference."""
+    if platform.machine() != "x86_64" or not WIDTHS[march] <= cpu_flags():
+        pytest.skip(f"this CPU does not run {march}")
+    done = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT % (SHAPES,), f"-march={march}", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
