@@ -6,9 +6,10 @@
 //   packed:    y[M, N] = x[M, K] @ W, W held as column panels [P, K, 32] (panel p: columns 32p..32p+31 of W, row
 //              by row), so a panel streams contiguously while the sums of a tile of rows of x stay in registers
 //              (14 rows with AVX-512, 3 with AVX2; a pass's later tiles read the panel again from cache, so a
-//              pass reads each weight from memory once). XLA's own CPU matmuls for 2-8 rows repack W on every call. The LM head is such a product too (a tied embedding held as
-//              the panels of its transpose). Panels come in float32 or bfloat16 (a drafter's weights, stored in
-//              bfloat16: half the bytes to read, the same sums).
+//              pass reads each weight from memory once). XLA's own CPU matmuls for 2-8 rows repack W on every
+//              call. The LM head is such a product too (a tied embedding held as the panels of its transpose).
+//              Panels come in float32 or bfloat16 (a drafter's weights, stored in bfloat16: half the bytes to
+//              read, the same sums).
 //   attention: new query tokens against one layer of a stacked KV cache [L, B', Hkv, S, D] with per-row lengths,
 //              causal with an offset or bidirectional, with an optional sliding window; query row b reads cache
 //              row rows[b] (a pool's first rows, or the flat layout of a verify pass: consecutive query rows of
@@ -43,11 +44,12 @@ namespace {
 
 // The vectors are the machine's own registers: 16 floats with AVX-512, 8 with AVX, 4 elsewhere (SSE, NEON); a GCC
 // vector wider than the registers lives on the stack (on an AVX2 EPYC, 16-float vectors made a pass over the
-// weights 2.3x slower for one row and 18x for 14: benchmarks/results/native_vectors/).
+// weights 2.2x slower for one row and 16x for 14: benchmarks/results/native_vectors/).
 // kPanelRows: rows of x per register tile in the packed kernel, their sums (kPanelVecs a row) held in registers.
 // AVX-512: 14 rows, 28 sums, 2 weights and a broadcast x. AVX2: 3 rows, 12 sums and a broadcast x, the weights
-// read by the multiply-adds (on the EPYC, passes of 3-14 rows ran faster in tiles of 3 than of 2 or 4). Elsewhere
-// one row a tile for 16 registers of 4 floats, 3 for 32. SPECFORMER_PANEL_ROWS overrides (benchmarks/prefetch_sweep.py).
+// read by the multiply-adds (on the EPYC tiles of 2 ran slower at 3-22 rows; 4, whose sums need 17 registers, was
+// not told apart from 3). Elsewhere one row a tile for 16 registers of 4 floats, 3 for 32. SPECFORMER_PANEL_ROWS
+// overrides (benchmarks/prefetch_sweep.py).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16, kRegisters = 32, kTileRows = 14;
 #elif defined(__AVX__)
