@@ -51,7 +51,7 @@ def variant(text: str) -> tuple[int, int, int]:
     if len(parts) not in (2, 3):
         raise argparse.ArgumentTypeError(f"{text!r} is not ROWS:LOCALITY[:TILE], e.g. 48:2 or 48:2:3")
     rows, locality, tile = (parts + [0])[:3]
-    if rows < 0 or locality not in (0, 1, 2, 3) or not 0 <= tile <= 32:
+    if rows < 0 or locality not in (0, 1, 2, 3) or not (len(parts) == 2 or 1 <= tile <= 32):
         raise argparse.ArgumentTypeError(f"{text!r}: ROWS must be >= 0, LOCALITY 0-3 and TILE 1-32")
     return rows, locality, tile
 

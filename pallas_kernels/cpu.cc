@@ -47,9 +47,9 @@ namespace {
 // weights 2.2x slower for one row and 16x for 14: benchmarks/results/native_vectors/).
 // kPanelRows: rows of x per register tile in the packed kernel, their sums (kPanelVecs a row) held in registers.
 // AVX-512: 14 rows, 28 sums, 2 weights and a broadcast x. AVX2: 3 rows, 12 sums and a broadcast x, the weights
-// read by the multiply-adds (on the EPYC tiles of 2 ran slower at 3-22 rows; 4, whose sums need 17 registers, was
-// not told apart from 3). Elsewhere one row a tile for 16 registers of 4 floats, 3 for 32. SPECFORMER_PANEL_ROWS
-// overrides (benchmarks/prefetch_sweep.py).
+// read by the multiply-adds (on the EPYC tiles of 2 ran slower at 3, 8, 14 and 22 rows; 4, whose sums need 17
+// registers, was not told apart from 3). Elsewhere one row a tile for 16 registers of 4 floats, 3 for 32.
+// SPECFORMER_PANEL_ROWS overrides (benchmarks/prefetch_sweep.py).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16, kRegisters = 32, kTileRows = 14;
 #elif defined(__AVX__)
