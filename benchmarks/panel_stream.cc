@@ -3,7 +3,7 @@
 // (30 layers' q/k/v, o, gate/up and down, and the LM head: 538 MB of float32 panels, values arbitrary), split over
 // two threads by panels.
 // Two ways, interleaved, medians of 8 timed rounds:
-//   kernel    the kernel's tiles (kPanelRows rows) over the model's panels
+//   kernel    the kernel's tiles (kPanelRows rows, then kRestRows) over the model's panels
 //   compute   the same tiles, every product reading one small panel that stays cached: the arithmetic alone
 // A pass whose time is the kernel's memory pass (rows = 1) plus the compute column's growth adds its arithmetic to
 // the weight stream rather than hiding it under it.
@@ -27,10 +27,7 @@ const char* kNames[kWays] = {"kernel", "compute"};
 
 void product(Way way, const float* x, int M, const Matrix& w, const float* cached, float* y, int p0, int p1) {
   if (way == kKernel) return packed_units(x, M, w.K, w.panels.data(), y, w.N, p0, p1);
-  for (int p = p0; p < p1; ++p)
-    for (int m0 = 0; m0 < M; m0 += kPanelRows)
-      panel_rows<kPanelRows>(std::min(kPanelRows, M - m0), x + static_cast<size_t>(m0) * w.K, w.K, cached,
-                             y + static_cast<size_t>(m0) * w.N + p * kPanel, w.N);
+  for (int p = p0; p < p1; ++p) panel_product(x, M, w.K, cached, y + p * kPanel, w.N);
 }
 
 // The second thread: runs `work` each time `generation` moves on, then reports it done.
@@ -120,7 +117,8 @@ int main(int argc, char** argv) {
               " -o /tmp/panel_stream && /tmp/panel_stream\",\n");
   std::printf(" \"device\": \"%s\",\n \"cpu_count\": %u,\n \"compiler\": \"%s\",\n", cpu_model().c_str(),
               std::thread::hardware_concurrency(), __VERSION__);
-  std::printf(" \"lanes\": %d,\n \"tile_rows\": %d,\n", kLanes, kPanelRows);
+  std::printf(" \"lanes\": %d,\n \"tile_rows\": %d,\n \"rest_rows\": %d,\n \"rest_vecs\": %d,\n", kLanes,
+              kPanelRows, kRestRows, kRestVecs);
   std::printf(" \"unit\": \"ms per pass over every matrix, median of 8\",\n \"rows\": {\n");
   for (int c = 0; c < kCounts; ++c) {
     std::printf("  \"%d\": {", counts[c]);

@@ -67,6 +67,24 @@ constexpr int kPanelVecs = kPanel / kLanes;  // vectors per panel row
 #define SPECFORMER_PANEL_ROWS kTileRows
 #endif
 constexpr int kPanelRows = SPECFORMER_PANEL_ROWS;
+// Rows past a panel's first tile read it again from cache (L2: the first tile streamed it there). With AVX2 they go
+// in tiles of 6 rows and half a panel's columns, 12 sums and 2 weights in registers: half the bytes from L2 for
+// each multiply-add of the 3-row tile; passes of 8-22 rows ran 17-37% faster, 1-7 rows level
+// (benchmarks/results/rest_tiles/). Elsewhere the later tiles are the first's. -DSPECFORMER_REST_ROWS=R
+// -DSPECFORMER_REST_VECS=V override (4x2, 5x2, 7x2 and 12x1 were no faster than 6x2).
+#if defined(__AVX__) && !defined(__AVX512F__)
+constexpr int kRestDefaultRows = 6, kRestDefaultVecs = 2;
+#else
+constexpr int kRestDefaultRows = kPanelRows, kRestDefaultVecs = kPanelVecs;
+#endif
+#ifndef SPECFORMER_REST_ROWS
+#define SPECFORMER_REST_ROWS kRestDefaultRows
+#endif
+#ifndef SPECFORMER_REST_VECS
+#define SPECFORMER_REST_VECS kRestDefaultVecs
+#endif
+constexpr int kRestRows = SPECFORMER_REST_ROWS, kRestVecs = SPECFORMER_REST_VECS;
+static_assert(kRestRows > 0 && kRestVecs > 0 && kPanelVecs % kRestVecs == 0, "rest tiles: whole vectors of a panel");
 // The weight stream is prefetched this many panel rows ahead (6 KB of float32) into L2 (`prefetcht1`, locality 2):
 // on a 2-core Xeon VM, passes of 3-22 rows ran 4-18% faster than with 16 rows ahead into L1, 1-2 rows level
 // (benchmarks/results/prefetch_l2/). benchmarks/prefetch_sweep.py overrides both to compare.
@@ -184,46 +202,60 @@ inline vec load_weights(const uint16_t* p) {
   return v;
 }
 
-// R rows of x (row stride K) times one panel [K, 32] -> R x 32 outputs (row stride N). W: float (float32 panels)
-// or uint16_t (bfloat16 panels, half the bytes to read; the sums are the same as of the widened float32 panels).
-template <int R, typename W>
+// R rows of x (row stride K) times V vectors of one panel's columns [K, 32] -> R x V * kLanes outputs (row stride
+// N). W: float (float32 panels) or uint16_t (bfloat16 panels, half the bytes to read; the sums are the same as of
+// the widened float32 panels). `Prefetch`: the tile streams the panel from memory (the first tile of rows).
+template <int R, int V = kPanelVecs, bool Prefetch = true, typename W>
 void panel_tile(const float* __restrict x, int K, const W* __restrict panel, float* __restrict y, int N) {
-  vec acc[R][kPanelVecs];
+  vec acc[R][V];
   for (int m = 0; m < R; ++m)
-    for (int i = 0; i < kPanelVecs; ++i) acc[m][i] = vec{};
+    for (int i = 0; i < V; ++i) acc[m][i] = vec{};
   for (int k = 0; k < K; ++k) {
     const W* w = panel + static_cast<size_t>(k) * kPanel;
-    for (int i = 0; i < kPanel * static_cast<int>(sizeof(W)); i += 64)  // each cache line of the row ahead
-      __builtin_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kPanel) + i, 0,
-                         SPECFORMER_PREFETCH_LOCALITY);
-    vec wk[kPanelVecs];
-    for (int i = 0; i < kPanelVecs; ++i) wk[i] = load_weights(w + i * kLanes);
+    if constexpr (Prefetch) {
+      for (int i = 0; i < kPanel * static_cast<int>(sizeof(W)); i += 64)  // each cache line of the row ahead
+        __builtin_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kPanel) + i, 0,
+                           SPECFORMER_PREFETCH_LOCALITY);
+    }
+    vec wk[V];
+    for (int i = 0; i < V; ++i) wk[i] = load_weights(w + i * kLanes);
     for (int m = 0; m < R; ++m) {
       const float s = x[static_cast<size_t>(m) * K + k];
-      for (int i = 0; i < kPanelVecs; ++i) acc[m][i] += s * wk[i];
+      for (int i = 0; i < V; ++i) acc[m][i] += s * wk[i];
     }
   }
   for (int m = 0; m < R; ++m)
-    for (int i = 0; i < kPanelVecs; ++i) store(y + static_cast<size_t>(m) * N + i * kLanes, acc[m][i]);
+    for (int i = 0; i < V; ++i) store(y + static_cast<size_t>(m) * N + i * kLanes, acc[m][i]);
 }
 
 // Tiles of a compile-time height R, the last one `rows` high (dispatch by recursion on R).
-template <int R, typename W>
+template <int R, int V = kPanelVecs, bool Prefetch = true, typename W>
 void panel_rows(int rows, const float* x, int K, const W* panel, float* y, int N) {
   if constexpr (R > 1) {
-    if (rows < R) return panel_rows<R - 1>(rows, x, K, panel, y, N);
+    if (rows < R) return panel_rows<R - 1, V, Prefetch>(rows, x, K, panel, y, N);
   }
-  panel_tile<R>(x, K, panel, y, N);
+  panel_tile<R, V, Prefetch>(x, K, panel, y, N);
 }
 
-// Panels [p0, p1) of W against every tile of x rows (each panel read once from memory).
+// M rows of x times one panel (read once from memory: the first tile streams it, the later ones read it again from
+// cache, in kRestRows-row tiles of kRestVecs vectors of columns while more rows than a first tile's remain, the last
+// few in one tile of whole panel rows: a half-panel tile of 1-3 rows ran slower) -> M x 32 outputs (row stride N).
+template <typename W>
+void panel_product(const float* x, int M, int K, const W* panel, float* y, int N) {
+  panel_rows<kPanelRows>(std::min(kPanelRows, M), x, K, panel, y, N);
+  int m0 = kPanelRows;
+  for (; M - m0 > kPanelRows; m0 += kRestRows)
+    for (int v = 0; v < kPanelVecs; v += kRestVecs)
+      panel_rows<kRestRows, kRestVecs, false>(std::min(kRestRows, M - m0), x + static_cast<size_t>(m0) * K, K,
+                                              panel + v * kLanes, y + static_cast<size_t>(m0) * N + v * kLanes, N);
+  if (m0 < M) panel_rows<kPanelRows, kPanelVecs, false>(M - m0, x + static_cast<size_t>(m0) * K, K, panel,
+                                                       y + static_cast<size_t>(m0) * N, N);
+}
+
+// Panels [p0, p1) of W against every row of x.
 template <typename W>
 void packed_units(const float* x, int M, int K, const W* w, float* y, int N, int p0, int p1) {
-  for (int p = p0; p < p1; ++p)
-    for (int m0 = 0; m0 < M; m0 += kPanelRows)
-      panel_rows<kPanelRows>(std::min(kPanelRows, M - m0), x + static_cast<size_t>(m0) * K, K,
-                             w + static_cast<size_t>(p) * K * kPanel, y + static_cast<size_t>(m0) * N + p * kPanel,
-                             N);
+  for (int p = p0; p < p1; ++p) panel_product(x, M, K, w + static_cast<size_t>(p) * K * kPanel, y + p * kPanel, N);
 }
 
 template <ffi::DataType T>
