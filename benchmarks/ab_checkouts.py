@@ -83,6 +83,7 @@ def main() -> None:
         "after": {"checkout": str(sides["after"]), "commit": commit(sides["after"])},
         "after_over_before": ratios,
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("SPECFORMER_")},  # both sides ran with it
         "runs": runs,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

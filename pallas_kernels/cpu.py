@@ -41,6 +41,39 @@ _state: dict = {}  # "library": the loaded kernels once registered; "failure": w
 # the compiler's target flags, tried in turn: tuned for this CPU where the compiler can (the vectors and register
 # tiles follow its instruction set: 16 floats with AVX-512, 8 with AVX2, 4 elsewhere), else its default
 ARCH_FLAGS = (("-march=native",), ())
+MARCH_VARIABLE = "SPECFORMER_CPU_MARCH"  # a compiler target to build for instead, e.g. x86-64-v3 (AVX2)
+
+
+def build_target() -> str:
+    """The compiler target the kernels are built for: $SPECFORMER_CPU_MARCH, else "native" (result files say so)."""
+    return os.environ.get(MARCH_VARIABLE, "").strip() or "native"
+
+
+def arch_flags() -> tuple[tuple[str, ...], ...]:
+    """The target flags to try in turn: `-march=$SPECFORMER_CPU_MARCH` alone where it is set (a library that runs
+    on older CPUs of a fleet, or this CPU's code at another vector width), else ARCH_FLAGS."""
+    march = build_target()
+    return ARCH_FLAGS if march == "native" else ((f"-march={march}",),)
+
+
+def _check_runs_here(compiler: str, march: str) -> None:
+    """Refuse a target whose instruction sets this CPU lacks (its library would die on an illegal instruction): the
+    feature macros (`__AVX2__`, `__AVX512F__`, ...) the compiler defines for it against those it defines for
+    -march=native. Where the compiler knows no `native`, nothing is checked."""
+    def features(flag: str) -> set[str] | None:
+        done = subprocess.run([compiler, flag, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode:
+            return None
+        names = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
+        return {n for n in names if n.startswith("__") and n.endswith("__") and n[2:-2].isupper()}
+    wanted, here = features(f"-march={march}"), features("-march=native")
+    if wanted is None:
+        raise RuntimeError(f"{MARCH_VARIABLE}={march}: the compiler does not know this target")
+    missing = sorted(n.strip("_") for n in wanted - here) if here is not None else []
+    if missing:
+        raise RuntimeError(f"{MARCH_VARIABLE}={march} needs {', '.join(missing[:6])}, which this CPU lacks "
+                           "(x86-64-v2, -v3 and -v4 name the SSE4, AVX2 and AVX-512 levels)")
 
 
 def panel_count(n: int) -> int:
@@ -141,10 +174,12 @@ def _compiler() -> str:
 def _built_library(build_dir: Path) -> Path:
     """The compiled library for this source, compiler, jaxlib and CPU, compiled now if it is not there yet (written
     atomically: processes building at once each rename a whole file into place)."""
-    compiler = _compiler()
+    compiler, flags = _compiler(), arch_flags()
+    if flags is not ARCH_FLAGS:
+        _check_runs_here(compiler, build_target())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, jax.ffi.include_dir(), jax.__version__,
-                                    platform.machine(), _cpu_features(), repr(ARCH_FLAGS)]).encode()).hexdigest()[:16]
+                                    platform.machine(), _cpu_features(), repr(flags)]).encode()).hexdigest()[:16]
     out = build_dir / f"cpu-{key}.so"
     if out.exists():
         return out
@@ -153,8 +188,8 @@ def _built_library(build_dir: Path) -> Path:
         part = Path(tmp) / out.name
         base = [compiler, "-O3", "-std=gnu++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
                 str(SOURCE), "-o", str(part)]
-        for flags in ARCH_FLAGS:
-            done = subprocess.run(base[:1] + list(flags) + base[1:], capture_output=True, text=True, timeout=600)
+        for target in flags:
+            done = subprocess.run(base[:1] + list(target) + base[1:], capture_output=True, text=True, timeout=600)
             if done.returncode == 0:
                 break
         else:

@@ -149,6 +149,27 @@ def test_without_a_compiler_decoding_runs_on_xla_and_gives_the_same_tokens(tmp_p
     assert model.cfg.pack_weights and kernels.token_ids == plain["tokens"]
 
 
+@pytest.mark.parametrize("march", ["no-such-target", "lacking"])
+def test_a_build_target_this_cpu_cannot_run_is_refused_before_building(tmp_path, march):
+    """SPECFORMER_CPU_MARCH naming a target the compiler does not know, or one with instruction sets this CPU lacks
+    (its library would die on an illegal instruction), is refused in one line; decoding then runs XLA's matmuls."""
+    if march == "lacking":
+        here = cpu_flags()
+        march = next((m for m, need in (("x86-64-v4", "avx512f"), ("sapphirerapids", "amx_tile"))
+                      if need not in here), None) if platform.machine() == "x86_64" else None
+        if march is None:
+            pytest.skip("no x86-64 target here that this CPU lacks")
+    script = ("import sys; from pathlib import Path; from pallas_kernels import cpu; "
+              "print(cpu.build_cpu_kernels(Path(sys.argv[1])))")
+    env = dict(os.environ, SPECFORMER_CPU_MARCH=march)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"SPECFORMER_CPU_MARCH={march}" in done.stdout and "could not be built" in done.stdout
+    assert ("does not know" if march == "no-such-target" else "which this CPU lacks") in done.stdout
+    assert not list(tmp_path.glob("*.so"))
+
+
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("SPECFORMER_CPU_KERNELS", "0")
     assert not cpu_kernels_ready(load_target("random:tiny", dtype="float32").cfg)
@@ -161,8 +182,7 @@ import jax.numpy as jnp
 import numpy as np
 from pallas_kernels import cpu
 from pallas_kernels.reference import ragged_attention_reference
-cpu.ARCH_FLAGS = ((sys.argv[1],),)
-assert cpu.build_cpu_kernels(Path(sys.argv[2])) is None
+assert cpu.build_cpu_kernels(Path(sys.argv[1])) is None
 rng = np.random.default_rng(0)
 for M, K, N in %r:
     x, w = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
@@ -197,6 +217,7 @@ def test_every_vector_width_this_cpu_runs_computes_the_same_products(tmp_path, m
     and bfloat16 panels, a row's product the same alone and among others, attention against the reference."""
     if platform.machine() != "x86_64" or not WIDTHS[march] <= cpu_flags():
         pytest.skip(f"this CPU does not run {march}")
-    done = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT % (SHAPES,), f"-march={march}", str(tmp_path)],
+    env = dict(os.environ, SPECFORMER_CPU_MARCH=march)
+    done = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT % (SHAPES,), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

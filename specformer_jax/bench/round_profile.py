@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import resolve
+from pallas_kernels import cpu, resolve
 from specformer_jax.decoding.acceptance.sampling import SamplingConfig
 from specformer_jax.decoding.acceptance.speculative import Verify, round_keys
 from specformer_jax.decoding.drafts.draft_source import SpecformerDrafts
@@ -72,6 +72,7 @@ def profile_rounds(model: LoadedTarget, drafter: LoadedDrafter, *, batch_sizes: 
            "drafter_sha256": drafter.sha256, "draft_vocab_size": drafter.cfg.draft_vocab_size,
            "dtype": model.cfg.dtype, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
            "cpu_count": os.cpu_count(),
+           "cpu_kernels_target": cpu.build_target(),  # -march of the CPU kernels (pallas_kernels/cpu.py)
            "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
            "results": [], "budget_results": [], "complete": False}
     for B in batch_sizes:

@@ -23,6 +23,7 @@ import flax
 import jax
 import numpy as np
 
+from pallas_kernels import cpu
 from specformer_jax.bench.roofline import kv_bytes_per_token, measure_device, model_facts
 from specformer_jax.decoding.api import generate
 from specformer_jax.decoding.drafts.kinds import Drafter, kind_name, specformer_part
@@ -88,6 +89,7 @@ def run_benchmark(model: LoadedTarget, drafter: Drafter | None, prompts: list[Pr
         "num_devices": jax.device_count(),
         "mesh": dict(mesh.shape) if mesh is not None else None,
         "cpu_count": os.cpu_count(),
+        "cpu_kernels_target": cpu.build_target(),  # -march of the CPU kernels (pallas_kernels/cpu.py)
         "versions": {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__},
         "results": [],
         "complete": False,
