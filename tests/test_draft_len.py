@@ -165,6 +165,35 @@ def test_budget_costs_time_each_budget_against_a_plain_step_and_are_kept(model, 
     assert tuner.candidate_budgets(1, 4) == [1, 2, 3, 5] and tuner.candidate_budgets(8, 1) == [8, 12, 16]
 
 
+def test_budget_auto_predicts_its_best_size_against_plain_decoding():
+    """A size's tokens: every row's one, then its drafts at their slot's mean chance, the likeliest slots first; over
+    its cost in plain steps; the best size against the rows a plain step emits. Under the margin: plain decoding."""
+    sizes = ((4, 1.1), (6, 1.2), (8, 1.3), (12, 1.7))  # 4 rows, 2 drafts a row: 4 | 2 x 0.6 | 4 x 0.6 | + 4 x 0.3
+    assert tuner.predicted_budget_speedup(sizes, 4, [0.6, 0.3, 0.2], 2) == pytest.approx(6.4 / 1.3 / 4)
+    assert tuner.predicted_budget_speedup(sizes, 4, [0.9, 0.8], 2) == pytest.approx(10.8 / 1.7 / 4)
+    assert not tuner.BudgetChoice(sizes, 1.23).plain and tuner.BudgetChoice(sizes, 1.1).plain
+    assert not tuner.BudgetChoice(sizes, None).plain  # nothing to predict with: the sizes, as before
+    costly = ((8, 1.18), (12, 1.41), (16, 1.7), (24, 2.12))  # batch 8 with the AVX2 code on a Zen 4 VM
+    assert tuner.predicted_budget_speedup(costly, 8, [0.63, 0.38], 2) < 1.0
+
+
+def test_budget_auto_decodes_plainly_where_no_size_pays(model, monkeypatch):
+    """--verify-budget auto at a batch size where every round costs far more than a plain step: plain decoding (the
+    drafter not run, no draft verified), its tokens plain decoding's, and the stats say why; where rounds are cheap,
+    sizes chosen each round."""
+    plain = generate(model, PROMPTS, max_new_tokens=8, batch_size=3).token_ids
+    d = drafter(model, [0.6, 0.3, 0.1])
+    for cost, is_plain in ((3.0, True), (0.01, False)):
+        monkeypatch.setattr(tuner, "measure_budget_costs", lambda m, dr, batch, c, k, budgets, progress=False: {
+            "step_seconds": 1.0, "budget_seconds": {b: 1.0 + cost * (b - batch + 1) for b in budgets}})
+        out = generate(model, PROMPTS, max_new_tokens=8, batch_size=3, drafter=d, draft_len=2, verify_budget="auto")
+        assert out.token_ids == plain
+        choice = out.stats["verify_budget"]
+        assert choice["plain"] is is_plain and (out.stats["draft_len"] == 0) is is_plain
+        assert [b for b, _ in choice["sizes"]] == tuner.candidate_budgets(3, 2)
+        assert choice["reason"].startswith("plain decoding: the best size is predicted" if is_plain else "a size")
+
+
 def test_the_api_records_only_into_a_store_it_is_given(model, tmp_path, monkeypatch):
     """A notebook's generate must not change what a later run chooses: without `records` nothing is written (and
     "auto" measures for itself); the CLI keeps its records in SPECFORMER_CACHE."""

@@ -52,7 +52,8 @@ def add_parsers(sub) -> None:
 
 VERIFY_BUDGET_HELP = ("positions a speculative round verifies over the whole pool, N or +N (the batch size plus N): "
                       "every live row's last token, then the drafts most likely to be accepted across rows; auto: "
-                      "each round the size that pays best, from a few whose costs are measured on this device once; "
+                      "each round the size that pays best, from a few whose costs are measured on this device once, or "
+                      "plain decoding where none is predicted to; "
                       "0: every row all its drafts; default: the measured budget with the default draft length, 0 "
                       "with --draft-len K")
 

@@ -36,7 +36,7 @@ from specformer_jax.decoding.tuning.draft_len import (
     typical_cache_len,
 )
 from specformer_jax.decoding.tuning.records import DecodeRecords
-from specformer_jax.decoding.tuning.tuner import AutoDraftLen, measured_sizes
+from specformer_jax.decoding.tuning.tuner import AutoDraftLen, BudgetChoice, choose_budget
 from specformer_jax.errors import SpecformerError
 from specformer_jax.modeling.loaded import LoadedDrafter, LoadedTarget, checked_target
 from specformer_jax.parallel import AXES, make_mesh, replicated
@@ -106,6 +106,7 @@ class _Job:
     set_acceptance: float | None
     options: DecodeOptions
     verify_budget: int | tuple = 0  # positions, or sizes with their costs (engine/budget.py)
+    budget_choice: BudgetChoice | None = None  # what --verify-budget auto chose, sizes or plain decoding
 
 
 def _prepare(model, prompts, options: DecodeOptions) -> _Job:
@@ -135,15 +136,20 @@ def _prepare(model, prompts, options: DecodeOptions) -> _Job:
                                    sampled=not options.sampling.greedy, schedule=options.schedule,
                                    progress=options.progress)
         budget = checked_verify_budget(options.verify_budget, k, B)
+    budget_choice = None
     if budget == "auto":
-        budget = measured_sizes(model, drafters.specformer_only(drafter, "--verify-budget auto"), B,
-                                typical_cache_len(ids, options.max_new_tokens), k,
-                                options.records or DecodeRecords(), progress=options.progress)
+        budget_choice = choose_budget(model, drafters.specformer_only(drafter, "--verify-budget auto"), B,
+                                      typical_cache_len(ids, options.max_new_tokens), k,
+                                      options.records or DecodeRecords(), sampled=not options.sampling.greedy,
+                                      progress=options.progress)
+        k, budget = (0, 0) if budget_choice.plain else (k, budget_choice.sizes)
+        if options.progress:
+            print(f"specformer: --verify-budget auto at batch {B}: {budget_choice.reason}", file=sys.stderr)
     plan = make_plan(model, k, options.sampling, options.max_new_tokens)
     source = drafters.draft_source(drafter, mesh, model.cfg, hybrid_model_len(drafter, B, model.cfg)) if k else None
     return _Job(model, drafter, ids, plan, source, _accept_rule(rate, mesh),
                 options.chunk_rounds or defaults.CHUNK_ROUNDS, _row_keys(options.seed, len(prompts)), B, mesh, auto,
-                rate, options, budget)
+                rate, options, budget, budget_choice)
 
 
 def _decode(job: _Job, stream: bool):
@@ -160,8 +166,7 @@ def _decode(job: _Job, stream: bool):
              "device": jax.devices()[0].device_kind, "dtype": model.cfg.dtype, "layout": model.layout}
     if job.drafter is not None:
         stats["draft_len"] = plan.draft_len
-        stats["verify_budget"] = job.verify_budget if isinstance(job.verify_budget, int) else {
-            "sizes": [[b, round(c, 3)] for b, c in job.verify_budget]}  # positions, cost in plain steps
+        stats["verify_budget"] = job.budget_choice.to_json() if job.budget_choice else job.verify_budget
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
     stats.update(run.speculative_stats())

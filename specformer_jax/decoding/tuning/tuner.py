@@ -1,6 +1,7 @@
 """`AutoDraftLen`, the tuner behind `--draft-len auto` (cost_model.py holds the model it predicts with, records.py
-what it learns from), and `measured_sizes`, the verify budgets behind `--verify-budget auto`. The draft length a call
-asks for is decided in one place, draft_len.py, which asks this tuner for "auto"."""
+what it learns from), and `choose_budget`, behind `--verify-budget auto`: the measured verify budgets
+(`measured_sizes`), or plain decoding where none pays. The draft length a call asks for is decided in one place,
+draft_len.py, which asks this tuner for "auto"."""
 
 from __future__ import annotations
 
@@ -58,6 +59,59 @@ class AutoDraftLen:
             self.records.add_step_costs(model, drafter, batch_size, cache_len, costs)
         batches = self.records.batch_rounds(model, drafter, sampled, batch_size) if schedule == "static" else {}
         return cost_model.predict(costs, acceptance, source, batches, self.margin)
+
+
+@dataclasses.dataclass
+class BudgetChoice:
+    """What `--verify-budget auto` decodes with at a batch size: the measured sizes each round chooses among, or
+    plain decoding where none is predicted to beat it by `margin` (`choose_budget`)."""
+
+    sizes: Sizes  # (positions, cost in plain steps)
+    predicted_speedup: float | None  # the best size's tokens per plain step over plain decoding's; None: no acceptance
+    margin: float = AUTO_MARGIN
+
+    @property
+    def plain(self) -> bool:
+        return self.predicted_speedup is not None and self.predicted_speedup < 1.0 + self.margin
+
+    @property
+    def reason(self) -> str:
+        if self.predicted_speedup is None:
+            return "a size each round: the drafter records no acceptance to predict with"
+        verdict = "plain decoding" if self.plain else "a size each round"
+        return (f"{verdict}: the best size is predicted {self.predicted_speedup:.2f}x plain decoding (the margin: "
+                f"{self.margin:.0%})")
+
+    def to_json(self) -> dict:
+        speedup = None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
+        return {"sizes": [[b, round(c, 3)] for b, c in self.sizes], "predicted_speedup": speedup,
+                "plain": self.plain, "reason": self.reason}
+
+
+def predicted_budget_speedup(sizes: Sizes, pool_size: int, acceptance: list[float], k: int) -> float:
+    """Tokens per plain step of the best of `sizes` over plain decoding's (the pool's rows): a size's round emits every
+    row's token and its drafts, each counted at its slot's mean chance (`acceptance`: slot i and those before it
+    accepted), the likeliest slots first; over its cost in plain steps. Ranking drafts by calibrated value verifies at
+    least that many, so this errs towards plain decoding."""
+    means = sorted((a for a in acceptance[:k] for _ in range(pool_size)), reverse=True)
+    return max((pool_size + sum(means[: b - pool_size])) / cost for b, cost in sizes) / pool_size
+
+
+def choose_budget(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, k: int,
+                  records: DecodeRecords, sampled: bool = False, margin: float = AUTO_MARGIN,
+                  progress: bool = False) -> BudgetChoice:
+    """`--verify-budget auto` at `batch_size` rows: the sizes (`measured_sizes`), and whether their best is predicted
+    to pay, from the per-slot acceptance decoding recorded (else the drafter's eval). A round that verifies no draft
+    still pays for the drafter, so where costs are high (many rows on a CPU) plain decoding wins, which choosing a
+    size each round cannot reach."""
+    sizes = measured_sizes(model, drafter, batch_size, cache_len, k, records, progress=progress)
+    try:
+        teacher_forced = drafter_acceptance(drafter)
+    except SpecformerError:
+        teacher_forced = []
+    acceptance, _ = cost_model.combined_acceptance(records.acceptance(model, drafter, sampled), teacher_forced)
+    speedup = predicted_budget_speedup(sizes, batch_size, acceptance, k) if len(acceptance) >= k else None
+    return BudgetChoice(sizes, speedup, margin)
 
 
 def candidate_budgets(pool_size: int, k: int) -> list[int]:
