@@ -67,11 +67,11 @@ constexpr int kPanelVecs = kPanel / kLanes;  // vectors per panel row
 #define SPECFORMER_PANEL_ROWS kTileRows
 #endif
 constexpr int kPanelRows = SPECFORMER_PANEL_ROWS;
-// Rows past a panel's first tile read it again from cache (L2: the first tile streamed it there). With AVX2 they go
-// in tiles of 6 rows and half a panel's columns, 12 sums and 2 weights in registers: half the bytes from L2 for
-// each multiply-add of the 3-row tile; passes of 8-22 rows ran 17-37% faster, 1-7 rows level
+// Rows past a panel's first tile read it again from cache (L2: the first tile streamed it there). With AVX or AVX2
+// (8-float vectors) they go in tiles of 6 rows and half a panel's columns, 12 sums and 2 weights in registers: half
+// the bytes from L2 for each multiply-add of the 3-row tile; passes of 8-22 rows ran 17-37% faster, 1-7 rows level
 // (benchmarks/results/rest_tiles/). Elsewhere the later tiles are the first's. -DSPECFORMER_REST_ROWS=R
-// -DSPECFORMER_REST_VECS=V override (4x2, 5x2, 7x2 and 12x1 were no faster than 6x2).
+// -DSPECFORMER_REST_VECS=V override (4x2 and 7x2 were slower than 6x2 at 14-22 rows; 5x2, 12x1 not told apart).
 #if defined(__AVX__) && !defined(__AVX512F__)
 constexpr int kRestDefaultRows = 6, kRestDefaultVecs = 2;
 #else

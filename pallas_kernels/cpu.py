@@ -56,24 +56,30 @@ def arch_flags() -> tuple[tuple[str, ...], ...]:
     return ARCH_FLAGS if march == "native" else ((f"-march={march}",),)
 
 
+def _feature_macros(compiler: str, flag: str) -> set[str] | None:
+    """The instruction-set macros the compiler defines under `flag` (x86's `__AVX2__`, `__AVX512F__`, ...; Arm's
+    `__ARM_NEON`, `__ARM_FEATURE_SVE`, ...), None where it refuses the flag."""
+    done = subprocess.run([compiler, flag, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode:
+        return None
+    names = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
+    return {n for n in names if n.startswith(("__ARM_FEATURE_", "__ARM_NEON"))
+            or (n.startswith("__") and n.endswith("__") and n[2:-2].isupper())}
+
+
 def _check_runs_here(compiler: str, march: str) -> None:
     """Refuse a target whose instruction sets this CPU lacks (its library would die on an illegal instruction): the
-    feature macros (`__AVX2__`, `__AVX512F__`, ...) the compiler defines for it against those it defines for
-    -march=native. Where the compiler knows no `native`, nothing is checked."""
-    def features(flag: str) -> set[str] | None:
-        done = subprocess.run([compiler, flag, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
-                              timeout=60)
-        if done.returncode:
-            return None
-        names = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
-        return {n for n in names if n.startswith("__") and n.endswith("__") and n[2:-2].isupper()}
-    wanted, here = features(f"-march={march}"), features("-march=native")
+    feature macros the compiler defines for it against those it defines for -march=native (where the compiler knows
+    no `native`, nothing is checked)."""
+    wanted, here = _feature_macros(compiler, f"-march={march}"), _feature_macros(compiler, "-march=native")
     if wanted is None:
         raise RuntimeError(f"{MARCH_VARIABLE}={march}: the compiler does not know this target")
     missing = sorted(n.strip("_") for n in wanted - here) if here is not None else []
     if missing:
-        raise RuntimeError(f"{MARCH_VARIABLE}={march} needs {', '.join(missing[:6])}, which this CPU lacks "
-                           "(x86-64-v2, -v3 and -v4 name the SSE4, AVX2 and AVX-512 levels)")
+        levels = " (x86-64-v2, -v3 and -v4 name the SSE4, AVX2 and AVX-512 levels)" if platform.machine() in (
+            "x86_64", "AMD64") else ""
+        raise RuntimeError(f"{MARCH_VARIABLE}={march} needs {', '.join(missing[:6])}, which this CPU lacks{levels}")
 
 
 def panel_count(n: int) -> int:
@@ -175,14 +181,14 @@ def _built_library(build_dir: Path) -> Path:
     """The compiled library for this source, compiler, jaxlib and CPU, compiled now if it is not there yet (written
     atomically: processes building at once each rename a whole file into place)."""
     compiler, flags = _compiler(), arch_flags()
-    if flags is not ARCH_FLAGS:
-        _check_runs_here(compiler, build_target())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, jax.ffi.include_dir(), jax.__version__,
                                     platform.machine(), _cpu_features(), repr(flags)]).encode()).hexdigest()[:16]
     out = build_dir / f"cpu-{key}.so"
     if out.exists():
         return out
+    if build_target() != "native":  # the key holds this CPU's features: a library found was checked when built
+        _check_runs_here(compiler, build_target())
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
         part = Path(tmp) / out.name

@@ -25,7 +25,8 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter, pack_drafter
 from specformer_jax.modeling.loaded import cpu_kernels_ready
 
-SHAPES = [(1, 576, 960), (5, 576, 3072), (13, 150, 70), (3, 17, 5), (9, 33, 49), (40, 64, 40)]  # (M, K, N)
+SHAPES = [(1, 576, 960), (5, 576, 3072), (13, 150, 70), (3, 17, 5), (9, 33, 49), (40, 64, 40), (6, 40, 70),
+          (7, 17, 33), (12, 33, 49)]  # (M, K, N); with AVX2, 6 and 12 rows end in a 3-row whole-panel tile
 
 
 @pytest.fixture(scope="module", autouse=True)

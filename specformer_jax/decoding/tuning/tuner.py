@@ -72,17 +72,21 @@ class BudgetChoice:
 
     @property
     def plain(self) -> bool:
+        """Whether the call decodes plainly: its best size is predicted to beat plain decoding by less than the
+        margin."""
         return self.predicted_speedup is not None and self.predicted_speedup < 1.0 + self.margin
 
     @property
     def reason(self) -> str:
+        """The choice in words, for stats and the progress line."""
         if self.predicted_speedup is None:
-            return "a size each round: the drafter records no acceptance to predict with"
+            return "a size each round: no per-slot acceptance of every drafted slot to predict with"
         verdict = "plain decoding" if self.plain else "a size each round"
         return (f"{verdict}: the best size is predicted {self.predicted_speedup:.2f}x plain decoding (the margin: "
                 f"{self.margin:.0%})")
 
     def to_json(self) -> dict:
+        """stats["verify_budget"] of a call with --verify-budget auto."""
         speedup = None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
         return {"sizes": [[b, round(c, 3)] for b, c in self.sizes], "predicted_speedup": speedup,
                 "plain": self.plain, "reason": self.reason}
@@ -91,10 +95,10 @@ class BudgetChoice:
 def predicted_budget_speedup(sizes: Sizes, pool_size: int, acceptance: list[float], k: int) -> float:
     """Tokens per plain step of the best of `sizes` over plain decoding's (the pool's rows): a size's round emits every
     row's token and its drafts, each counted at its slot's mean chance (`acceptance`: slot i and those before it
-    accepted), the likeliest slots first; over its cost in plain steps. Ranking drafts by calibrated value verifies at
-    least that many, so this errs towards plain decoding."""
+    accepted), the likeliest slots first; over its cost in plain steps. Ranking drafts by calibrated value verifies
+    likelier ones than that, but prefill and rows that finish early dilute a whole run: the margin covers both."""
     means = sorted((a for a in acceptance[:k] for _ in range(pool_size)), reverse=True)
-    return max((pool_size + sum(means[: b - pool_size])) / cost for b, cost in sizes) / pool_size
+    return max((pool_size + sum(means[: max(b - pool_size, 0)])) / cost for b, cost in sizes) / pool_size
 
 
 def choose_budget(model: LoadedTarget, drafter: LoadedDrafter, batch_size: int, cache_len: int, k: int,
