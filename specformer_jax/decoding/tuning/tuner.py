@@ -96,7 +96,8 @@ def predicted_budget_speedup(sizes: Sizes, pool_size: int, acceptance: list[floa
     """Tokens per plain step of the best of `sizes` over plain decoding's (the pool's rows): a size's round emits every
     row's token and its drafts, each counted at its slot's mean chance (`acceptance`: slot i and those before it
     accepted), the likeliest slots first; over its cost in plain steps. Ranking drafts by calibrated value verifies
-    likelier ones than that, but prefill and rows that finish early dilute a whole run: the margin covers both."""
+    likelier ones than that, but prefill, rows that finish early and the per-round switch dilute a whole run, which
+    the margin is meant to cover."""
     means = sorted((a for a in acceptance[:k] for _ in range(pool_size)), reverse=True)
     return max((pool_size + sum(means[: max(b - pool_size, 0)])) / cost for b, cost in sizes) / pool_size
 
