@@ -36,7 +36,7 @@ class CompiledFunctions:
     def get(self, fn: Callable, plan: DecodePlan, args: tuple, *, static: tuple = (), mesh=None,
             donate: tuple[int, ...] = (), out_shardings=None) -> tuple[Callable, float]:
         """(fn(plan, *static, *args) compiled for these args, seconds spent compiling it now: 0 when it was held)."""
-        shapes = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args))
+        shapes = tuple((x.shape, x.dtype) for x in jax.tree.leaves(args))  # dtypes as they are: str() is slow
         key = (fn, plan, static, mesh, jax.tree.structure(args), shapes)
         if key in self._cache:
             self._cache.move_to_end(key)

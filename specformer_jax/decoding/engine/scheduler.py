@@ -236,20 +236,21 @@ def _new_tokens(pool: Pool, slot_req, sent, num_out):
 
 
 def _collect(pool: Pool, ended: list[int], slot_req, sent, num_out, run: DecodeRun, seconds: float) -> None:
-    """Copy the finished requests' tokens and counts to the host and free their slots."""
-    idx = jnp.asarray(ended)
-    out = np.asarray(pool.out[idx])
-    names = ("row_rounds", "row_emitted", "accepted", "verified", "bare_rounds")
-    names += ORIGIN_COUNTS if pool.origin_rounds.shape[1] > 1 else ()
-    counts = jax.device_get({name: getattr(pool, name)[idx] for name in names})
-    for i, s in enumerate(ended):
+    """Copy the finished requests' tokens and counts to the host and free their slots. The pool's small arrays come
+    over whole in one transfer and are indexed on the host: indexing them on the device would dispatch a gather per
+    array for every chunk in which a request ends."""
+    speculative = pool.drafts.shape[1] > 0
+    counts = ("row_rounds",) + (("row_emitted", "accepted", "verified", "bare_rounds") if speculative else ())
+    counts += ORIGIN_COUNTS if speculative and pool.origin_rounds.shape[1] > 1 else ()
+    host = jax.device_get({name: getattr(pool, name) for name in ("out",) + counts})
+    for s in ended:
         r = slot_req[s]
-        run.token_ids[r] = out[i, : num_out[s]].tolist()
+        run.token_ids[r] = host["out"][s, : num_out[s]].tolist()
         run.latency_seconds[r] = seconds
-        run.live_row_rounds += int(counts["row_rounds"][i])
-        if pool.drafts.shape[1]:
-            for name, values in counts.items():
-                run.rows.setdefault(name, {})[r] = values[i]
+        run.live_row_rounds += int(host["row_rounds"][s])
+        if speculative:
+            for name in counts:
+                run.rows.setdefault(name, {})[r] = np.array(host[name][s])  # a copy: the pool's buffers are reused
         slot_req[s], sent[s] = -1, 0
 
 
