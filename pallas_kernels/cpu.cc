@@ -219,6 +219,14 @@ void panel_tile(const float* __restrict x, int K, const W* __restrict panel, flo
     }
     vec wk[V];
     for (int i = 0; i < V; ++i) wk[i] = load_weights(w + i * kLanes);
+#if defined(__AVX512F__)
+    // A later tile (reading the panel from cache) of 2-4 rows holds the weights in registers: GCC would fold their
+    // loads into each row's multiply-add, reading each weight R times at half the rate of 5 rows and more. A first
+    // tile streaming the panel from memory keeps the folded loads: held, 2-3 rows streamed 7-14% slower
+    // (benchmarks/results/avx512_small_tiles/).
+    if constexpr (R > 1 && !Prefetch)
+      for (int i = 0; i < V; ++i) asm("" : "+v"(wk[i]));
+#endif
     for (int m = 0; m < R; ++m) {
       const float s = x[static_cast<size_t>(m) * K + k];
       for (int i = 0; i < V; ++i) acc[m][i] += s * wk[i];

@@ -25,8 +25,10 @@ from specformer_jax.decoding.api import generate
 from specformer_jax.modeling.drafter import Drafter, drafter_cache, init_drafter, pack_drafter
 from specformer_jax.modeling.loaded import cpu_kernels_ready
 
+# (M, K, N). With AVX2, 6 and 12 rows end in a 3-row whole-panel tile; with AVX-512, 18 rows are a tile of 14 and
+# one of 4 (tiles of 2-4 rows hold each weight in a register for all their rows).
 SHAPES = [(1, 576, 960), (5, 576, 3072), (13, 150, 70), (3, 17, 5), (9, 33, 49), (40, 64, 40), (6, 40, 70),
-          (7, 17, 33), (12, 33, 49)]  # (M, K, N); with AVX2, 6 and 12 rows end in a 3-row whole-panel tile
+          (7, 17, 33), (12, 33, 49), (4, 40, 70), (18, 33, 49)]
 
 
 @pytest.fixture(scope="module", autouse=True)
