@@ -192,6 +192,15 @@ def test_budget_auto_decodes_plainly_where_no_size_pays(model, monkeypatch):
         assert choice["plain"] is is_plain and (out.stats["draft_len"] == 0) is is_plain
         assert [b for b, _ in choice["sizes"]] == tuner.candidate_budgets(3, 2)
         assert choice["reason"].startswith("plain decoding: the best size is predicted" if is_plain else "a size")
+    # --draft-len auto chose k = 3 (rounds as cheap as steps), then the budget decoded plainly: the stats say so
+    costly = lambda m, dr, batch, c, k, budgets, progress=False: {"step_seconds": 1.0, "budget_seconds": {
+        b: 1.0 + 3.0 * (b - batch + 1) for b in budgets}}
+    monkeypatch.setattr(tuner, "measure_budget_costs", costly)
+    cheap = AutoDraftLen(measure=lambda m, dr, batch, c, progress=False: {
+        "step_seconds": 1.0, "round_seconds": {1: 1.0, 2: 1.0, 3: 1.0}})
+    out = generate(model, PROMPTS, max_new_tokens=8, batch_size=3, drafter=d, draft_len=cheap, verify_budget="auto")
+    assert out.token_ids == plain and out.stats["draft_len"] == 0 and out.stats["draft_len_auto"]["draft_len"] == 3
+    assert "decoded plainly" in out.stats["draft_len_auto"]["overridden"]
 
 
 def test_the_api_records_only_into_a_store_it_is_given(model, tmp_path, monkeypatch):

@@ -169,6 +169,8 @@ def _decode(job: _Job, stream: bool):
         stats["verify_budget"] = job.budget_choice.to_json() if job.budget_choice else job.verify_budget
     if job.auto is not None:
         stats["draft_len_auto"] = job.auto.to_json()
+        if job.budget_choice is not None and job.budget_choice.plain:  # its k was not what decoded
+            stats["draft_len_auto"]["overridden"] = "--verify-budget auto decoded plainly (stats[\"verify_budget\"])"
     stats.update(run.speculative_stats())
     if job.set_acceptance is not None:
         stats.update(set_acceptance=job.set_acceptance,
