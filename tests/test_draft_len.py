@@ -183,9 +183,10 @@ def test_budget_auto_decodes_plainly_where_no_size_pays(model, monkeypatch):
     sizes chosen each round."""
     plain = generate(model, PROMPTS, max_new_tokens=8, batch_size=3).token_ids
     d = drafter(model, [0.6, 0.3, 0.1])
+    costs = lambda cost: lambda m, dr, batch, c, k, budgets, progress=False: {  # each position `cost` plain steps
+        "step_seconds": 1.0, "budget_seconds": {b: 1.0 + cost * (b - batch + 1) for b in budgets}}
     for cost, is_plain in ((3.0, True), (0.01, False)):
-        monkeypatch.setattr(tuner, "measure_budget_costs", lambda m, dr, batch, c, k, budgets, progress=False: {
-            "step_seconds": 1.0, "budget_seconds": {b: 1.0 + cost * (b - batch + 1) for b in budgets}})
+        monkeypatch.setattr(tuner, "measure_budget_costs", costs(cost))
         out = generate(model, PROMPTS, max_new_tokens=8, batch_size=3, drafter=d, draft_len=2, verify_budget="auto")
         assert out.token_ids == plain
         choice = out.stats["verify_budget"]
@@ -193,9 +194,7 @@ def test_budget_auto_decodes_plainly_where_no_size_pays(model, monkeypatch):
         assert [b for b, _ in choice["sizes"]] == tuner.candidate_budgets(3, 2)
         assert choice["reason"].startswith("plain decoding: the best size is predicted" if is_plain else "a size")
     # --draft-len auto chose k = 3 (rounds as cheap as steps), then the budget decoded plainly: the stats say so
-    costly = lambda m, dr, batch, c, k, budgets, progress=False: {"step_seconds": 1.0, "budget_seconds": {
-        b: 1.0 + 3.0 * (b - batch + 1) for b in budgets}}
-    monkeypatch.setattr(tuner, "measure_budget_costs", costly)
+    monkeypatch.setattr(tuner, "measure_budget_costs", costs(3.0))
     cheap = AutoDraftLen(measure=lambda m, dr, batch, c, progress=False: {
         "step_seconds": 1.0, "round_seconds": {1: 1.0, 2: 1.0, 3: 1.0}})
     out = generate(model, PROMPTS, max_new_tokens=8, batch_size=3, drafter=d, draft_len=cheap, verify_budget="auto")
